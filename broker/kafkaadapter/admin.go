@@ -1,0 +1,64 @@
+package kafkaadapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// EnsureTopics creates each topic with partitions partitions and replication
+// factor 1 unless it exists. Topics must exist before a Reader joins or a
+// Writer (AllowAutoTopicCreation false, kafka-go's default) writes. It uses
+// the CreateTopics API through kafka.Client, which kafka-go >= v0.4.48 speaks
+// in a version Kafka 4.x accepts, then waits up to 30s until every topic has
+// a leader for each partition.
+func EnsureTopics(ctx context.Context, brokers []string, partitions int, topics ...string) error {
+	if len(brokers) == 0 || partitions < 1 {
+		return errors.New("idemq/kafkaadapter: EnsureTopics needs brokers and partitions >= 1")
+	}
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	req := &kafka.CreateTopicsRequest{}
+	for _, t := range topics {
+		req.Topics = append(req.Topics, kafka.TopicConfig{Topic: t, NumPartitions: partitions, ReplicationFactor: 1})
+	}
+	resp, err := cl.CreateTopics(ctx, req)
+	if err != nil {
+		return fmt.Errorf("idemq/kafkaadapter: create topics: %w", err)
+	}
+	for t, terr := range resp.Errors {
+		if terr != nil && !errors.Is(terr, kafka.TopicAlreadyExists) {
+			return fmt.Errorf("idemq/kafkaadapter: create topic %s: %w", t, terr)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Addr: kafka.TCP(brokers...), Topics: topics})
+		ready := err == nil && len(md.Topics) == len(topics)
+		if ready {
+			for _, t := range md.Topics {
+				if t.Error != nil || len(t.Partitions) == 0 {
+					ready = false
+				}
+				for _, p := range t.Partitions {
+					if p.Error != nil || p.Leader.Host == "" {
+						ready = false
+					}
+				}
+			}
+		}
+		if ready {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("idemq/kafkaadapter: topics %v not ready after 30s (last error: %v)", topics, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,129 @@
+package kafkaadapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/segmentio/kafka-go"
+)
+
+// DefaultMessageIDHeader is the header carrying the message ID, also written
+// by idemq's outbox relay.
+const DefaultMessageIDHeader = "message-id"
+
+// Config configures a Source.
+type Config struct {
+	// Reader configures the kafka-go consumer-group Reader. Brokers and
+	// GroupID are required, with Topic or GroupTopics. CommitInterval must be
+	// 0 (the default): idemq batches commits itself (consumer.Config.
+	// CommitEvery / CommitInterval). Other fields keep kafka-go's defaults
+	// (SessionTimeout 30s; it must be at least the broker's
+	// group.min.session.timeout.ms, 6s by default).
+	Reader kafka.ReaderConfig
+	// MessageIDHeader names the header holding the message ID. Default
+	// "message-id".
+	MessageIDHeader string
+}
+
+// Source is a consumer.Source over a kafka-go consumer-group Reader.
+type Source struct {
+	r   *kafka.Reader
+	hdr string
+}
+
+// ErrInvalidConfig is wrapped by every Config error.
+var ErrInvalidConfig = errors.New("idemq/kafkaadapter: invalid config")
+
+// NewSource validates cfg and opens a Reader. Errors wrap ErrInvalidConfig.
+func NewSource(cfg Config) (*Source, error) {
+	rc := cfg.Reader
+	switch {
+	case len(rc.Brokers) == 0:
+		return nil, fmt.Errorf("%w: Reader.Brokers is required", ErrInvalidConfig)
+	case rc.GroupID == "":
+		return nil, fmt.Errorf("%w: Reader.GroupID is required (offsets are committed to the consumer group)", ErrInvalidConfig)
+	case rc.Topic == "" && len(rc.GroupTopics) == 0:
+		return nil, fmt.Errorf("%w: Reader.Topic or Reader.GroupTopics is required", ErrInvalidConfig)
+	case rc.CommitInterval != 0:
+		return nil, fmt.Errorf("%w: Reader.CommitInterval %s must be 0; set consumer.Config.CommitInterval instead", ErrInvalidConfig, rc.CommitInterval)
+	case rc.Partition != 0:
+		return nil, fmt.Errorf("%w: Reader.Partition cannot be used with a consumer group", ErrInvalidConfig)
+	}
+	if err := rc.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	hdr := cfg.MessageIDHeader
+	if hdr == "" {
+		hdr = DefaultMessageIDHeader
+	}
+	return &Source{r: kafka.NewReader(rc), hdr: hdr}, nil
+}
+
+// Reader returns the underlying kafka-go Reader (for Stats, Lag).
+func (s *Source) Reader() *kafka.Reader { return s.r }
+
+// Fetch implements consumer.Source with Reader.FetchMessage.
+func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
+	m, err := s.r.FetchMessage(ctx)
+	if err != nil {
+		return consumer.Delivery{}, err
+	}
+	return ToDelivery(m, s.hdr), nil
+}
+
+// Commit implements consumer.Source with Reader.CommitMessages, which commits
+// offset+1 of each message's partition.
+func (s *Source) Commit(ctx context.Context, done []consumer.Delivery) error {
+	msgs := make([]kafka.Message, 0, len(done))
+	for _, d := range done {
+		m, ok := d.Ack.(kafka.Message)
+		if !ok {
+			return fmt.Errorf("idemq/kafkaadapter: delivery %s was not fetched by this adapter", d.Position)
+		}
+		msgs = append(msgs, m)
+	}
+	return s.r.CommitMessages(ctx, msgs...)
+}
+
+// Close implements consumer.Source; it closes the Reader (leaving the group).
+func (s *Source) Close() error { return s.r.Close() }
+
+// Position is the position identity of a Kafka message:
+// "kafka:<topic>/<partition>/<offset>".
+func Position(topic string, partition int, offset int64) string {
+	return "kafka:" + topic + "/" + strconv.Itoa(partition) + "/" + strconv.FormatInt(offset, 10)
+}
+
+// ToDelivery converts a fetched kafka-go message. header names the message-ID
+// header ("" means DefaultMessageIDHeader); the last value of a repeated
+// header wins.
+func ToDelivery(m kafka.Message, header string) consumer.Delivery {
+	if header == "" {
+		header = DefaultMessageIDHeader
+	}
+	headers := make(map[string]string, len(m.Headers))
+	for _, h := range m.Headers {
+		headers[h.Key] = string(h.Value)
+	}
+	pos := Position(m.Topic, m.Partition, m.Offset)
+	var t time.Time
+	if !m.Time.IsZero() {
+		t = m.Time
+	}
+	return consumer.Delivery{
+		Message: &dedup.Message{
+			Topic: m.Topic, Key: m.Key, Payload: m.Value, Headers: headers, Source: pos,
+			Partition: m.Partition, Offset: m.Offset, Time: t,
+		},
+		MessageID: headers[header],
+		Position:  pos,
+		Lane:      m.Topic + "/" + strconv.Itoa(m.Partition),
+		Offset:    m.Offset,
+		Ack:       m,
+	}
+}

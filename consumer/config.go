@@ -1,0 +1,111 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// BusinessKeyFunc extracts the business key (one business intent, stable
+// across producer re-sends) from a message, e.g. a payment ID from the
+// payload. Return "" for "no business key". An error makes the delivery bad
+// input: it is dead-lettered with reason dedup.ReasonBadInput and acked.
+type BusinessKeyFunc func(msg *dedup.Message) (string, error)
+
+// Config configures a Consumer. Fields marked required must be set; every
+// other zero value means the default given in the field's comment.
+type Config struct {
+	// Scope is who consumes: usually the consumer group name. Required; 1 to
+	// 255 bytes of UTF-8.
+	Scope string
+	// Store holds consumption records and dead letters. Required.
+	Store *dedup.Store
+	// Handler is the business logic, run inside the record's transaction.
+	// Required.
+	Handler dedup.Handler
+	// BusinessKey extracts the business key. Default nil: no business key,
+	// dedup by message ID only. idemq never uses the broker record key as a
+	// business key by default (it is a partitioning key).
+	BusinessKey BusinessKeyFunc
+	// RetryInitial is the first in-place retry delay (pull mode). Default
+	// 100ms.
+	RetryInitial time.Duration
+	// RetryMax caps the in-place retry delay. Default 5s; at least
+	// RetryInitial.
+	RetryMax time.Duration
+	// CommitEvery flushes offset commits after this many completed
+	// deliveries. Default 100.
+	CommitEvery int
+	// CommitInterval flushes offset commits at least this often. Default 1s.
+	// A crash replays at most this much (plus CommitEvery) work, which dedup
+	// absorbs.
+	CommitInterval time.Duration
+	// LaneBuffer is how many fetched deliveries may wait per lane before the
+	// fetcher blocks (backpressure). Default 64.
+	LaneBuffer int
+	// ShutdownGrace is how long in-flight handlers may run after Run's
+	// context ends. Default 10s.
+	ShutdownGrace time.Duration
+	// Metrics receives one call per delivery outcome. Default: none.
+	Metrics Metrics
+	// Logger receives one line per outcome other than processed (debug for
+	// processed). Default slog.Default().
+	Logger *slog.Logger
+}
+
+// ErrInvalidConfig is wrapped by every Config error.
+var ErrInvalidConfig = errors.New("idemq/consumer: invalid config")
+
+func (c Config) withDefaults() Config {
+	if c.RetryInitial == 0 {
+		c.RetryInitial = 100 * time.Millisecond
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = 5 * time.Second
+	}
+	if c.CommitEvery == 0 {
+		c.CommitEvery = 100
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = time.Second
+	}
+	if c.LaneBuffer == 0 {
+		c.LaneBuffer = 64
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = 10 * time.Second
+	}
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if err := dedup.ValidateScope(c.Scope); err != nil {
+		return fmt.Errorf("%w: Scope: %v", ErrInvalidConfig, err)
+	}
+	switch {
+	case c.Store == nil:
+		return fmt.Errorf("%w: Store is required", ErrInvalidConfig)
+	case c.Handler == nil:
+		return fmt.Errorf("%w: Handler is required", ErrInvalidConfig)
+	case c.RetryInitial < 0 || c.RetryMax < c.RetryInitial:
+		return fmt.Errorf("%w: RetryInitial %s and RetryMax %s must satisfy 0 <= RetryInitial <= RetryMax", ErrInvalidConfig, c.RetryInitial, c.RetryMax)
+	case c.CommitEvery < 1:
+		return fmt.Errorf("%w: CommitEvery %d must be at least 1", ErrInvalidConfig, c.CommitEvery)
+	case c.CommitInterval < time.Millisecond:
+		return fmt.Errorf("%w: CommitInterval %s must be at least 1ms", ErrInvalidConfig, c.CommitInterval)
+	case c.LaneBuffer < 1:
+		return fmt.Errorf("%w: LaneBuffer %d must be at least 1", ErrInvalidConfig, c.LaneBuffer)
+	case c.ShutdownGrace < 0:
+		return fmt.Errorf("%w: ShutdownGrace %s must not be negative", ErrInvalidConfig, c.ShutdownGrace)
+	}
+	return nil
+}

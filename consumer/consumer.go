@@ -1,0 +1,169 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/idemq/idemq/dedup"
+)
+
+// Delivery is one message handed over by a broker adapter.
+type Delivery struct {
+	// Message carries the broker fields; Identity and Attempt are filled by
+	// the Consumer.
+	Message *dedup.Message
+	// MessageID is the message's own ID (Kafka header, RocketMQ property or
+	// UNIQ_KEY); "" when absent.
+	MessageID string
+	// Position is the broker-position identity used when MessageID is empty,
+	// e.g. "kafka:payments/2/1041". Required.
+	Position string
+	// Lane orders deliveries in pull mode: deliveries of one lane (a Kafka
+	// topic partition) are handled one at a time in order.
+	Lane string
+	// Offset orders deliveries within a lane; commits never go backwards.
+	Offset int64
+	// Ack is adapter data needed to acknowledge (e.g. the kafka.Message).
+	Ack any
+}
+
+// Source is a pull-mode broker adapter (Kafka). Fetch and Commit are called
+// from different goroutines, never Fetch concurrently with itself.
+type Source interface {
+	// Fetch blocks until a delivery is available or ctx ends.
+	Fetch(ctx context.Context) (Delivery, error)
+	// Commit acknowledges, for each delivery given, that it and every
+	// earlier delivery of its lane are done (Kafka: commit offset+1). It is
+	// given at most one delivery per lane, each above the last committed.
+	Commit(ctx context.Context, done []Delivery) error
+	// Close releases the source; Commit is not called after it.
+	Close() error
+}
+
+// Consumer runs handlers for deliveries with dedup. Build it with New; it is
+// safe for concurrent use.
+type Consumer struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// New validates cfg and returns a Consumer. Errors wrap ErrInvalidConfig.
+func New(cfg Config) (*Consumer, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Consumer{cfg: cfg, log: cfg.Logger.With("scope", cfg.Scope)}, nil
+}
+
+// Config returns the consumer's configuration with defaults applied.
+func (c *Consumer) Config() Config { return c.cfg }
+
+// Handle takes one delivery to a durable outcome, once: identity, dedup claim,
+// handler, mark. An OutcomeRetry result means "not acknowledged: deliver
+// again later" (RocketMQ: ConsumeRetryLater). A non-nil error means the
+// outcome could not be recorded (database down, ctx ended): do not ack.
+func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error) {
+	msg := d.Message
+	if msg == nil {
+		return dedup.Result{}, errors.New("idemq/consumer: delivery without message")
+	}
+	if msg.Source == "" {
+		msg.Source = d.Position
+	}
+	var (
+		res    dedup.Result
+		err    error
+		bk     string
+		bkErr  error
+		idErr  error
+		reason string
+	)
+	if c.cfg.BusinessKey != nil {
+		bk, bkErr = c.extract(msg)
+	}
+	msg.Identity, idErr = dedup.NewIdentity(c.cfg.Scope, d.MessageID, d.Position, bk)
+	switch {
+	case idErr != nil:
+		return dedup.Result{}, fmt.Errorf("idemq/consumer: identity: %w", idErr)
+	case bkErr != nil:
+		reason = dedup.ReasonBadInput
+		res, err = c.cfg.Store.Reject(ctx, msg, reason, fmt.Errorf("business key: %w", bkErr))
+	default:
+		res, err = c.cfg.Store.Process(ctx, msg, c.cfg.Handler)
+	}
+	if err != nil {
+		c.log.Warn("idemq: outcome not recorded; will be redelivered", "message_id", msg.Identity.MessageID, "source", msg.Source, "err", err)
+		return res, err
+	}
+	c.report(msg, res)
+	return res, nil
+}
+
+func (c *Consumer) extract(msg *dedup.Message) (bk string, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("business key extractor panic: %v", v)
+		}
+	}()
+	return c.cfg.BusinessKey(msg)
+}
+
+func (c *Consumer) report(msg *dedup.Message, res dedup.Result) {
+	c.cfg.Metrics.Delivery(c.cfg.Scope, res.Outcome, res.MatchedBy)
+	attrs := []any{"outcome", res.Outcome, "message_id", msg.Identity.MessageID, "business_key", msg.Identity.BusinessKey,
+		"source", msg.Source, "attempts", res.Attempts, "status", res.Status}
+	switch res.Outcome {
+	case dedup.OutcomeProcessed:
+		c.log.Debug("idemq: delivery", attrs...)
+	case dedup.OutcomeDuplicate:
+		c.log.Info("idemq: delivery", append(attrs, "matched_by", res.MatchedBy)...)
+	default:
+		c.log.Warn("idemq: delivery", append(attrs, "matched_by", res.MatchedBy, "err", res.Err)...)
+	}
+}
+
+// HandleInPlace handles d until its outcome may be acknowledged (anything but
+// OutcomeRetry), retrying in place with exponential backoff between
+// RetryInitial and RetryMax: after a retryable handler failure (each attempt
+// is recorded; the store turns the last one into a dead letter) and after an
+// infrastructure error (nothing recorded; retried until ctx ends). It returns
+// an error only when ctx ends first; the delivery must then not be acked.
+func (c *Consumer) HandleInPlace(ctx context.Context, d Delivery) (dedup.Result, error) {
+	return c.handleInPlace(ctx, ctx, d)
+}
+
+// handleInPlace runs attempts under work (the handler's context) and stops
+// retrying as soon as ctx ends.
+func (c *Consumer) handleInPlace(ctx, work context.Context, d Delivery) (dedup.Result, error) {
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     c.cfg.RetryInitial,
+		RandomizationFactor: 0.2,
+		Multiplier:          2,
+		MaxInterval:         c.cfg.RetryMax,
+	}
+	b.Reset()
+	for {
+		res, err := c.Handle(work, d)
+		if err == nil && res.Outcome.Acked() {
+			return res, nil
+		}
+		if ctx.Err() != nil {
+			if err == nil {
+				err = ctx.Err()
+			}
+			return res, err
+		}
+		t := time.NewTimer(b.NextBackOff())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return res, ctx.Err()
+		case <-t.C:
+		}
+	}
+}

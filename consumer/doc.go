@@ -1,0 +1,28 @@
+// Package consumer is idemq's runtime: it ties a broker adapter to the dedup
+// store and the user's handler.
+//
+// A Consumer turns each Delivery into a dedup identity (scope from Config,
+// message ID from the adapter, business key from Config.BusinessKey), runs the
+// handler through dedup.Store.Process and reports the outcome to Metrics and
+// the log. It never acknowledges a delivery whose outcome is not durable.
+//
+// # Two ways to drive it
+//
+//   - Pull (Kafka): Run reads a Source. Deliveries of one lane (a Kafka
+//     partition) are handled one at a time in offset order; lanes run in
+//     parallel. A retryable failure is retried in place with exponential
+//     backoff (Kafka has no per-message redelivery); when the attempts are
+//     used up the record is FAILED_FINAL with a dead letter and the offset
+//     moves on. Completed offsets are committed per lane in batches (Config.
+//     CommitEvery, Config.CommitInterval), only as a contiguous completed
+//     prefix, never backwards, and flushed on shutdown.
+//   - Push (RocketMQ): the adapter calls Handle for each message of a batch
+//     and maps the outcome to ConsumeSuccess / ConsumeRetryLater itself.
+//
+// # Shutdown
+//
+// When Run's context ends, fetching stops, in-flight handlers get up to
+// Config.ShutdownGrace to finish (their context is canceled after it, which
+// rolls their transaction back and leaves the message for redelivery), pending
+// commits are flushed, and the source is closed.
+package consumer

@@ -1,0 +1,179 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Run pulls deliveries from src and handles them until ctx ends, then shuts
+// down gracefully (see the package doc) and closes src. Lanes (partitions) run
+// in parallel, each in order. It returns nil after a shutdown caused by ctx,
+// or the first Fetch error other than ctx's, after the same graceful shutdown.
+func (c *Consumer) Run(ctx context.Context, src Source) error {
+	// work outlives ctx by ShutdownGrace so in-flight handlers can finish.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stopGrace := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(c.cfg.ShutdownGrace, cancelWork)
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	defer stopGrace()
+
+	com := newCommitter(src, c.cfg.CommitEvery, c.cfg.CommitInterval, c.log)
+	comDone := make(chan struct{})
+	go func() { defer close(comDone); com.loop() }()
+
+	lanes := map[string]chan Delivery{}
+	var wg sync.WaitGroup
+	var fetchErr error
+	for {
+		d, err := src.Fetch(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				fetchErr = fmt.Errorf("idemq/consumer: fetch: %w", err)
+			}
+			break
+		}
+		ch, ok := lanes[d.Lane]
+		if !ok {
+			ch = make(chan Delivery, c.cfg.LaneBuffer)
+			lanes[d.Lane] = ch
+			wg.Add(1)
+			go func() { defer wg.Done(); c.lane(ctx, work, ch, com) }()
+		}
+		select {
+		case ch <- d:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	for _, ch := range lanes {
+		close(ch)
+	}
+	wg.Wait()
+	com.close()
+	<-comDone
+	if err := src.Close(); err != nil && fetchErr == nil && !errors.Is(err, context.Canceled) {
+		c.log.Warn("idemq: close source", "err", err)
+	}
+	return fetchErr
+}
+
+// lane handles one lane's deliveries in order. After ctx ends it finishes
+// the delivery in hand (bounded by work) and drops the queued ones, which
+// stay uncommitted and are redelivered.
+func (c *Consumer) lane(ctx, work context.Context, ch <-chan Delivery, com *committer) {
+	for d := range ch {
+		if ctx.Err() != nil {
+			continue
+		}
+		res, err := c.handleInPlace(ctx, work, d)
+		if err != nil || !res.Outcome.Acked() {
+			// ctx ended mid-delivery: this and later deliveries of the lane
+			// stay uncommitted.
+			for range ch {
+			}
+			return
+		}
+		com.done(d)
+	}
+}
+
+// committer batches completed deliveries into per-lane commits.
+type committer struct {
+	src      Source
+	every    int
+	interval time.Duration
+	log      interface{ Warn(string, ...any) }
+
+	mu        sync.Mutex
+	pending   map[string]Delivery // highest completed delivery per lane, not yet committed
+	committed map[string]int64    // highest committed offset per lane
+	count     int
+	kick      chan struct{}
+	quit      chan struct{}
+}
+
+func newCommitter(src Source, every int, interval time.Duration, log interface{ Warn(string, ...any) }) *committer {
+	return &committer{src: src, every: every, interval: interval, log: log,
+		pending: map[string]Delivery{}, committed: map[string]int64{},
+		kick: make(chan struct{}, 1), quit: make(chan struct{})}
+}
+
+// done records that d, and by lane order everything before it, is complete.
+func (c *committer) done(d Delivery) {
+	c.mu.Lock()
+	if last, ok := c.committed[d.Lane]; !ok || d.Offset > last {
+		if p, ok := c.pending[d.Lane]; !ok || d.Offset > p.Offset {
+			c.pending[d.Lane] = d
+		}
+	}
+	c.count++
+	full := c.count >= c.every
+	c.mu.Unlock()
+	if full {
+		select {
+		case c.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (c *committer) loop() {
+	t := time.NewTicker(c.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-c.kick:
+		case <-c.quit:
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			c.flush(ctx)
+			cancel()
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c.flush(ctx)
+		cancel()
+	}
+}
+
+// flush commits the pending deliveries. On failure they stay pending (unless
+// a later one replaced them) and are tried again at the next flush.
+func (c *committer) flush(ctx context.Context) {
+	c.mu.Lock()
+	if len(c.pending) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	batch := make([]Delivery, 0, len(c.pending))
+	for _, d := range c.pending {
+		batch = append(batch, d)
+	}
+	c.count = 0
+	c.mu.Unlock()
+
+	err := c.src.Commit(ctx, batch)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.log.Warn("idemq: offset commit failed; will retry", "err", err, "lanes", len(batch))
+		return
+	}
+	for _, d := range batch {
+		if last, ok := c.committed[d.Lane]; !ok || d.Offset > last {
+			c.committed[d.Lane] = d.Offset
+		}
+		if p, ok := c.pending[d.Lane]; ok && p.Offset <= d.Offset {
+			delete(c.pending, d.Lane)
+		}
+	}
+}
+
+func (c *committer) close() { close(c.quit) }

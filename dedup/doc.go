@@ -1,0 +1,55 @@
+// Package dedup is the core of idemq: it decides, inside the handler's own
+// Postgres transaction, whether a delivery is new, a duplicate or a conflict,
+// and it records every outcome in a consumption record.
+//
+// # Identity
+//
+// A delivery is identified by three parts (see [Identity]): the scope (the
+// consumer group, optionally a tenant), the message ID (stable across broker
+// redelivery: a `message-id` header or property, else the broker position) and
+// the business key (stable across producer re-sends, produced by an extractor
+// the user supplies; empty by default). Dedup holds on both: a delivery whose
+// message ID or non-empty business key already has a record in the same scope
+// is a duplicate. Keys longer than [MaxKeyBytes] bytes, or not valid UTF-8, or
+// holding NUL, are stored as "sha256:<hex>" of their raw bytes ([NormalizeKey]).
+//
+// # Fingerprint and conflicts
+//
+// Every record stores an HMAC-SHA256 fingerprint of the payload, keyed by a
+// secret with a key ID so that secrets rotate ([Fingerprinter]). A delivery
+// with a known identity and a different fingerprint is a conflict: it is never
+// applied and never silently skipped; it goes to the dead-letter table with
+// reason [ReasonFingerprintConflict] and is then acknowledged.
+//
+// # Atomic mode
+//
+// [Store.Process] runs one delivery in one transaction:
+//
+//  1. claim: INSERT … ON CONFLICT DO NOTHING RETURNING (one statement, caught
+//     by the two unique indexes, never check-then-insert); on conflict the
+//     existing record is read with SELECT … FOR UPDATE, so two copies of one
+//     message serialize on the row;
+//  2. the handler runs with the same pgx.Tx and writes its business rows
+//     (and outbox rows) there;
+//  3. the record is marked SUCCEEDED and everything commits together.
+//
+// When the handler fails, the transaction rolls back (its writes vanish) and a
+// second short transaction marks the record FAILED_RETRYABLE, or FAILED_FINAL
+// when the error is [Permanent] or the attempts reach Config.MaxAttempts; a
+// FAILED_FINAL mark writes a dead-letter row in the same transaction. Records
+// are never deleted while live; failures are marked, so redelivery is safe.
+//
+// # States
+//
+//	(none) ──claim──▶ PROCESSING ──handler ok──▶ SUCCEEDED
+//	                      │ └──retryable err──▶ FAILED_RETRYABLE ──claim again──▶ PROCESSING
+//	                      └──permanent err / attempts exhausted──▶ FAILED_FINAL (+ dead letter)
+//	operator re-drive: FAILED_FINAL ──▶ FAILED_RETRYABLE
+//
+// # Schema
+//
+// Tables live in a configurable schema (default "idemq") under configurable
+// names, always quoted with pgx.Identifier. [Store.Migrate] applies the
+// embedded, numbered SQL migrations under a Postgres advisory lock, so many
+// processes may call it at start.
+package dedup

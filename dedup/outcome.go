@@ -1,0 +1,81 @@
+package dedup
+
+// Status is the state of a consumption record (column status).
+type Status string
+
+const (
+	// StatusProcessing: a handler execution holds the record (in atomic mode
+	// only inside the open transaction, never committed).
+	StatusProcessing Status = "PROCESSING"
+	// StatusSucceeded: the handler's effects committed; copies are duplicates.
+	StatusSucceeded Status = "SUCCEEDED"
+	// StatusFailedRetryable: the last execution failed; a redelivery runs the
+	// handler again.
+	StatusFailedRetryable Status = "FAILED_RETRYABLE"
+	// StatusFailedFinal: no more executions; a dead-letter row exists. Copies
+	// are acknowledged without a handler call until an operator re-drives it.
+	StatusFailedFinal Status = "FAILED_FINAL"
+)
+
+// Outcome is what happened to one delivery. Its string is the value of the
+// "outcome" label of idemq_deliveries_total.
+type Outcome string
+
+const (
+	// OutcomeProcessed: the handler ran and its effects committed. Ack.
+	OutcomeProcessed Outcome = "processed"
+	// OutcomeDuplicate: a record with the same message ID or business key
+	// (Result.MatchedBy) had already succeeded or finally failed; the handler
+	// did not run. Ack.
+	OutcomeDuplicate Outcome = "duplicate"
+	// OutcomeConflict: same identity, different payload fingerprint; not
+	// applied, dead-lettered with ReasonFingerprintConflict. Ack.
+	OutcomeConflict Outcome = "conflict"
+	// OutcomeRetry: the handler failed with a retryable error and attempts
+	// remain (record FAILED_RETRYABLE). Do not ack: retry (Kafka, in place
+	// with backoff) or hand back to the broker (RocketMQ ConsumeRetryLater).
+	OutcomeRetry Outcome = "retry"
+	// OutcomeDeadLetter: the handler failed permanently or used its last
+	// attempt, or the input was bad; record FAILED_FINAL plus a dead-letter
+	// row, committed together. Ack.
+	OutcomeDeadLetter Outcome = "dead_letter"
+)
+
+// Acked reports whether the broker may be acknowledged for this outcome:
+// everything but OutcomeRetry.
+func (o Outcome) Acked() bool { return o != OutcomeRetry }
+
+// Dead-letter reasons (column reason of the dead-letter table).
+const (
+	// ReasonFingerprintConflict: same identity, different payload.
+	ReasonFingerprintConflict = "fingerprint_conflict"
+	// ReasonPermanentError: the handler returned a Permanent error.
+	ReasonPermanentError = "permanent_error"
+	// ReasonAttemptsExhausted: the handler failed Config.MaxAttempts times.
+	ReasonAttemptsExhausted = "attempts_exhausted"
+	// ReasonBadInput: the delivery could not be turned into an identity or
+	// fingerprint (the business-key extractor or canonicalizer failed).
+	ReasonBadInput = "bad_input"
+)
+
+// Result reports the outcome of Store.Process for one delivery.
+type Result struct {
+	// Outcome is what happened.
+	Outcome Outcome
+	// MatchedBy says which key matched, for OutcomeDuplicate and
+	// OutcomeConflict; empty otherwise.
+	MatchedBy MatchedBy
+	// Status is the record's status after this delivery (for a conflict: the
+	// status of the record it collided with).
+	Status Status
+	// Attempts is the record's attempts count after this delivery.
+	Attempts int
+	// HandlerCalled reports whether the handler ran for this delivery.
+	HandlerCalled bool
+	// Err is the handler's error for OutcomeRetry and OutcomeDeadLetter, or
+	// the reason for a conflict or bad input.
+	Err error
+	// DeadLetterID is the id of the dead-letter row written by this delivery
+	// (0 when none was written, including when an identical one existed).
+	DeadLetterID int64
+}

@@ -1,0 +1,135 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// queries holds the SQL of one Store, built once from quoted identifiers.
+type queries struct {
+	records, deadLetters string // quoted, schema-qualified
+
+	insertSQL, lockSQL, reclaimSQL, succeededSQL, failedSQL, deadLetterSQL string
+}
+
+func newQueries(cfg Config) queries {
+	q := queries{
+		records:     pgx.Identifier{cfg.Schema, cfg.RecordsTable}.Sanitize(),
+		deadLetters: pgx.Identifier{cfg.Schema, cfg.DeadLettersTable}.Sanitize(),
+	}
+	// One statement claims: a conflict on either unique index (message ID, or
+	// non-empty business key) inserts nothing and returns no row.
+	q.insertSQL = `insert into ` + q.records + ` as r
+  (scope, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts,
+   last_error, last_error_class, source, reconsume_times, expires_at)
+values ($1, $2, $3, $4, $5, $6, $7, nullif($8, ''), nullif($9, ''), $10, $11,
+        now() + make_interval(secs => $12::float8))
+on conflict do nothing
+returning id`
+	// The record matching the message ID wins over one matching only the
+	// business key. FOR UPDATE makes a second copy wait for the first.
+	q.lockSQL = `select id, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts
+from ` + q.records + `
+where scope = $1 and (message_id = $2 or ($3 <> '' and business_key = $3))
+order by (message_id = $2) desc
+limit 1
+for update`
+	q.reclaimSQL = `update ` + q.records + `
+set status = 'PROCESSING', attempts = attempts + 1, source = $2, reconsume_times = $3, updated_at = now()
+where id = $1 and status = 'FAILED_RETRYABLE'
+returning attempts`
+	q.succeededSQL = `update ` + q.records + `
+set status = 'SUCCEEDED', updated_at = now(), expires_at = now() + make_interval(secs => $2::float8)
+where id = $1 and status = 'PROCESSING'`
+	q.failedSQL = `update ` + q.records + `
+set status = $2, attempts = attempts + 1, last_error = $3, last_error_class = $4, updated_at = now(),
+    expires_at = now() + make_interval(secs => $5::float8)
+where id = $1`
+	// The partial unique index on live dead letters makes a repeated poison
+	// message or conflict write one row, not one per copy.
+	q.deadLetterSQL = `insert into ` + q.deadLetters + `
+  (scope, message_id, business_key, reason, error, error_class, fingerprint, attempts,
+   topic, message_key, headers, payload, source)
+values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+on conflict (scope, message_id, reason, fingerprint) where redriven_at is null do nothing
+returning id`
+	return q
+}
+
+// insert returns the new row's id, or 0 when a unique key already exists.
+func (q *queries) insert(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, status Status, attempts int, errText, errClass string, expirySecs *float64) (int64, error) {
+	id := msg.Identity
+	var rowID int64
+	err := tx.QueryRow(ctx, q.insertSQL, id.Scope, id.MessageID, id.BusinessKey, sum, keyID, string(status), attempts,
+		errText, errClass, clip(msg.Source, 1024), msg.ReconsumeTimes, expirySecs).Scan(&rowID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("idemq: claim %s: %w", id, err)
+	}
+	return rowID, nil
+}
+
+func (q *queries) lock(ctx context.Context, tx pgx.Tx, id Identity) (*record, error) {
+	var r record
+	var status string
+	err := tx.QueryRow(ctx, q.lockSQL, id.Scope, id.MessageID, id.BusinessKey).
+		Scan(&r.id, &r.messageID, &r.businessKey, &r.fingerprint, &r.keyID, &status, &r.attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idemq: lock record %s: %w", id, err)
+	}
+	r.status = Status(status)
+	return &r, nil
+}
+
+func (q *queries) reclaim(ctx context.Context, tx pgx.Tx, rowID int64, msg *Message) (int, error) {
+	var attempts int
+	if err := tx.QueryRow(ctx, q.reclaimSQL, rowID, clip(msg.Source, 1024), msg.ReconsumeTimes).Scan(&attempts); err != nil {
+		return 0, fmt.Errorf("idemq: reclaim %s: %w", msg.Identity, err)
+	}
+	return attempts, nil
+}
+
+func (q *queries) markSucceeded(ctx context.Context, tx pgx.Tx, id Identity, rowID int64, expirySecs float64) error {
+	tag, err := tx.Exec(ctx, q.succeededSQL, rowID, expirySecs)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("idemq: mark succeeded %s: %d records in PROCESSING", id, tag.RowsAffected())
+	}
+	return nil
+}
+
+func (q *queries) updateFailed(ctx context.Context, tx pgx.Tx, rowID int64, status Status, errText, errClass string, expirySecs *float64) error {
+	if _, err := tx.Exec(ctx, q.failedSQL, rowID, string(status), errText, errClass, expirySecs); err != nil {
+		return fmt.Errorf("idemq: mark %s: %w", status, err)
+	}
+	return nil
+}
+
+func (q *queries) insertDeadLetter(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, reason string, cause error, attempts, maxErr int) (int64, error) {
+	id := msg.Identity
+	headers := make(map[string]string, len(msg.Headers))
+	for k, v := range msg.Headers {
+		headers[clip(k, 1024)] = clip(v, 8192)
+	}
+	var dlID int64
+	err := tx.QueryRow(ctx, q.deadLetterSQL, id.Scope, id.MessageID, id.BusinessKey, reason,
+		clip(cause.Error(), maxErr), ErrorClass(cause), sum, attempts, clip(msg.Topic, 1024), msg.Key,
+		headers, msg.Payload, clip(msg.Source, 1024)).Scan(&dlID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("idemq: dead letter %s: %w", id, err)
+	}
+	return dlID, nil
+}

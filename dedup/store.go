@@ -1,0 +1,314 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Handler is the user's business logic for one message. It receives the
+// transaction that also holds the consumption record: every write it makes
+// through tx (business rows, outbox rows) commits if and only if the record is
+// marked SUCCEEDED. A handler must not commit or roll back tx, and must not
+// write through another connection if those writes must be exactly once.
+//
+// Returning nil marks the record SUCCEEDED. Returning Permanent(err) marks it
+// FAILED_FINAL with a dead letter. Any other error rolls the transaction back
+// and marks FAILED_RETRYABLE (FAILED_FINAL once Config.MaxAttempts is
+// reached). A panic is recovered and treated as a retryable error.
+type Handler func(ctx context.Context, tx pgx.Tx, msg *Message) error
+
+// Store keeps consumption records and dead letters in Postgres and runs
+// handlers in atomic mode. It is safe for concurrent use by any number of
+// goroutines and processes.
+type Store struct {
+	pool *pgxpool.Pool
+	cfg  Config
+	fp   *Fingerprinter
+	q    queries
+}
+
+// NewStore validates cfg and returns a Store on pool. It does not touch the
+// database; call Migrate once at start. Errors wrap ErrInvalidConfig.
+func NewStore(pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Store{pool: pool, cfg: cfg, fp: cfg.Fingerprinter, q: newQueries(cfg)}, nil
+}
+
+// Config returns the store's configuration with defaults applied.
+func (s *Store) Config() Config { return s.cfg }
+
+// Pool returns the pool the store runs on.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Process runs h for msg in atomic mode and reports the outcome. msg.Identity
+// must be set (see NewIdentity); msg.Attempt is set before h runs.
+//
+// The returned error is non-nil only when the outcome could not be made
+// durable (database unreachable, ctx canceled during the handler): the
+// delivery must then not be acknowledged, and nothing was marked. Handler
+// failures are not errors of Process: they come back as OutcomeRetry or
+// OutcomeDeadLetter with Result.Err set.
+func (s *Store) Process(ctx context.Context, msg *Message, h Handler) (Result, error) {
+	if msg == nil || h == nil {
+		return Result{}, errors.New("idemq: Process: nil message or handler")
+	}
+	if msg.Identity.Scope == "" || msg.Identity.MessageID == "" {
+		return Result{}, errors.New("idemq: Process: message identity not set (use NewIdentity)")
+	}
+	sum, keyID, err := s.fp.Sum(msg.Payload)
+	if err != nil {
+		return s.Reject(ctx, msg, ReasonBadInput, err)
+	}
+	res, herr, err := s.claimAndRun(ctx, msg, sum, keyID, h)
+	if err != nil || herr == nil {
+		return res, err
+	}
+	// The handler failed and its transaction is rolled back. A shutdown is not
+	// the message's fault: mark nothing and let the broker redeliver.
+	if ctx.Err() != nil {
+		return Result{}, fmt.Errorf("idemq: handler interrupted: %w", errors.Join(ctx.Err(), herr))
+	}
+	return s.markFailed(ctx, msg, sum, keyID, herr, ReasonAttemptsExhausted)
+}
+
+// Reject records a delivery that cannot be processed at all (bad input: the
+// business-key extractor or canonicalizer failed, the payload cannot be
+// decoded): the record becomes FAILED_FINAL with reason and err, and a
+// dead-letter row keeps the whole message. The handler never runs. A copy of
+// an identity that already has a record is reported as a duplicate.
+func (s *Store) Reject(ctx context.Context, msg *Message, reason string, cause error) (Result, error) {
+	if cause == nil {
+		cause = errors.New(reason)
+	}
+	return s.markFailed(ctx, msg, nil, "", Permanent(cause), reason)
+}
+
+// record is the locked view of an existing consumption record.
+type record struct {
+	id          int64
+	messageID   string
+	businessKey string
+	fingerprint []byte
+	keyID       string
+	status      Status
+	attempts    int
+}
+
+func (r *record) matchedBy(id Identity) MatchedBy {
+	if r.messageID == id.MessageID {
+		return ByMessageID
+	}
+	return ByBusinessKey
+}
+
+// claimAndRun is step 1–3 of atomic mode. It returns the handler's error
+// separately (herr) when the handler ran and failed; the transaction is then
+// already rolled back.
+func (s *Store) claimAndRun(ctx context.Context, msg *Message, sum []byte, keyID string, h Handler) (res Result, herr error, err error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return Result{}, nil, fmt.Errorf("idemq: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	id := msg.Identity
+	rowID, rec, err := s.claim(ctx, tx, msg, sum, keyID)
+	attempts := 1
+	if err != nil {
+		return Result{}, nil, err
+	}
+	if rec != nil {
+		// Someone else's record (or our own earlier one) decides.
+		res, run, err := s.decide(ctx, tx, msg, sum, keyID, rec)
+		if err != nil || !run {
+			if err == nil {
+				err = commit(ctx, tx)
+			}
+			return res, nil, err
+		}
+		rowID = rec.id
+		if attempts, err = s.q.reclaim(ctx, tx, rec.id, msg); err != nil {
+			return Result{}, nil, err
+		}
+	}
+
+	msg.Attempt = attempts
+	if herr := runHandler(ctx, tx, msg, h); herr != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return Result{HandlerCalled: true, Attempts: attempts}, herr, nil
+	}
+	if err := s.q.markSucceeded(ctx, tx, id, rowID, *s.expiry(StatusSucceeded)); err != nil {
+		// The handler left the transaction unusable (for example it swallowed
+		// an error and went on): that is a handler failure.
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return Result{HandlerCalled: true, Attempts: attempts}, fmt.Errorf("idemq: mark succeeded: %w", err), nil
+	}
+	if err := commit(ctx, tx); err != nil {
+		return Result{}, nil, err
+	}
+	return Result{Outcome: OutcomeProcessed, Status: StatusSucceeded, Attempts: attempts, HandlerCalled: true}, nil, nil
+}
+
+// claim inserts a PROCESSING record with attempts 1 (returning its row id),
+// or, when either unique key already exists, locks the existing record FOR
+// UPDATE and returns it.
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string) (int64, *record, error) {
+	for try := 0; try < 3; try++ {
+		rowID, err := s.q.insert(ctx, tx, msg, sum, keyID, StatusProcessing, 1, "", "", nil)
+		if err != nil || rowID != 0 {
+			return rowID, nil, err
+		}
+		rec, err := s.q.lock(ctx, tx, msg.Identity)
+		if err != nil || rec != nil {
+			return 0, rec, err
+		}
+		// The conflicting record vanished between the two statements (purged):
+		// claim again.
+	}
+	return 0, nil, fmt.Errorf("idemq: claim %s: record keeps vanishing", msg.Identity)
+}
+
+// decide applies the state machine to an existing, locked record. run reports
+// whether the handler must run (the record was FAILED_RETRYABLE).
+func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, rec *record) (res Result, run bool, err error) {
+	id := msg.Identity
+	by := rec.matchedBy(id)
+	res = Result{MatchedBy: by, Status: rec.status, Attempts: rec.attempts}
+	same, ferr := s.fp.Matches(msg.Payload, rec.fingerprint, rec.keyID)
+	if ferr == nil && !same {
+		ferr = fmt.Errorf("idemq: %s matches record %s by %s with a different payload fingerprint", id, rec.messageID, by)
+	}
+	if ferr != nil {
+		res.Outcome, res.Err = OutcomeConflict, ferr
+		res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, ReasonFingerprintConflict, ferr, rec.attempts, s.cfg.MaxErrorBytes)
+		return res, false, err
+	}
+	switch rec.status {
+	case StatusSucceeded, StatusFailedFinal:
+		res.Outcome = OutcomeDuplicate
+		return res, false, nil
+	case StatusFailedRetryable:
+		return res, true, nil
+	default:
+		// PROCESSING committed by a lease-mode owner; atomic mode never
+		// commits it. Leave it to its owner: retry later.
+		res.Outcome, res.Err = OutcomeRetry, fmt.Errorf("idemq: %s is being processed by another owner", id)
+		return res, false, nil
+	}
+}
+
+// markFailed records a failed execution (or a rejection) in its own short
+// transaction after the handler's transaction rolled back. finalReason is the
+// dead-letter reason used when retries are exhausted.
+func (s *Store) markFailed(ctx context.Context, msg *Message, sum []byte, keyID string, herr error, finalReason string) (Result, error) {
+	ctx = context.WithoutCancel(ctx) // the mark must land even during shutdown
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return Result{}, fmt.Errorf("idemq: begin mark failed: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+
+	permanent := IsPermanent(herr)
+	reason := finalReason
+	if permanent && finalReason == ReasonAttemptsExhausted {
+		reason = ReasonPermanentError
+	}
+	if sum == nil {
+		sum, keyID = []byte{}, s.fp.CurrentKeyID()
+	}
+	errText, class := clip(herr.Error(), s.cfg.MaxErrorBytes), ErrorClass(herr)
+	status := StatusFailedRetryable
+	if permanent || s.cfg.MaxAttempts <= 1 {
+		status = StatusFailedFinal
+	}
+	res := Result{HandlerCalled: finalReason == ReasonAttemptsExhausted, Err: herr}
+	rowID, err := s.q.insert(ctx, tx, msg, sum, keyID, status, 1, errText, class, s.expiry(status))
+	if err != nil {
+		return Result{}, err
+	}
+	res.Attempts = 1
+	if rowID == 0 {
+		rec, err := s.q.lock(ctx, tx, msg.Identity)
+		if err != nil {
+			return Result{}, err
+		}
+		if rec == nil {
+			return Result{}, fmt.Errorf("idemq: mark failed %s: record vanished", msg.Identity)
+		}
+		if rec.status == StatusSucceeded || rec.status == StatusFailedFinal {
+			// Another copy finished meanwhile: this delivery is a duplicate.
+			return Result{Outcome: OutcomeDuplicate, MatchedBy: rec.matchedBy(msg.Identity), Status: rec.status, Attempts: rec.attempts, HandlerCalled: res.HandlerCalled}, commit(ctx, tx)
+		}
+		res.Attempts = rec.attempts + 1
+		if res.Attempts >= s.cfg.MaxAttempts {
+			status = StatusFailedFinal
+		}
+		if err := s.q.updateFailed(ctx, tx, rec.id, status, errText, class, s.expiry(status)); err != nil {
+			return Result{}, err
+		}
+	}
+	res.Status = status
+	res.Outcome = OutcomeRetry
+	if status == StatusFailedFinal {
+		res.Outcome = OutcomeDeadLetter
+		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, herr, res.Attempts, s.cfg.MaxErrorBytes); err != nil {
+			return Result{}, err
+		}
+	}
+	return res, commit(ctx, tx)
+}
+
+// expiry returns the retention of a status in seconds (nil: never expires).
+func (s *Store) expiry(status Status) *float64 {
+	var d float64
+	switch status {
+	case StatusSucceeded:
+		d = s.cfg.SucceededRetention.Seconds()
+	case StatusFailedFinal:
+		d = s.cfg.FailedFinalRetention.Seconds()
+	default:
+		return nil
+	}
+	return &d
+}
+
+func runHandler(ctx context.Context, tx pgx.Tx, msg *Message, h Handler) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v}
+		}
+	}()
+	return h(ctx, tx, msg)
+}
+
+func commit(ctx context.Context, tx pgx.Tx) error {
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("idemq: commit: %w", err)
+	}
+	return nil
+}
+
+// clip makes s storable in a text column: valid UTF-8, no NUL, at most n bytes.
+func clip(s string, n int) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
