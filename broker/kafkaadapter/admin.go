@@ -62,3 +62,57 @@ func EnsureTopics(ctx context.Context, brokers []string, partitions int, topics 
 		}
 	}
 }
+
+// GroupLag returns how many messages of topic the consumer group has not
+// committed yet: the sum over partitions of (last offset − committed offset),
+// counting a partition with no commit from its first offset. It is what a
+// caller polls to know a group has caught up (0).
+func GroupLag(ctx context.Context, brokers []string, group, topic string) (int64, error) {
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return 0, fmt.Errorf("idemq/kafkaadapter: metadata: %w", err)
+	}
+	if len(md.Topics) != 1 || md.Topics[0].Error != nil {
+		return 0, fmt.Errorf("idemq/kafkaadapter: topic %s not found", topic)
+	}
+	var parts []int
+	var reqs []kafka.OffsetRequest
+	for _, p := range md.Topics[0].Partitions {
+		parts = append(parts, p.ID)
+		reqs = append(reqs, kafka.FirstOffsetOf(p.ID), kafka.LastOffsetOf(p.ID))
+	}
+	lo, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	if err != nil {
+		return 0, fmt.Errorf("idemq/kafkaadapter: list offsets: %w", err)
+	}
+	first, last := map[int]int64{}, map[int]int64{}
+	for _, po := range lo.Topics[topic] {
+		if po.Error != nil {
+			return 0, fmt.Errorf("idemq/kafkaadapter: list offsets %s/%d: %w", topic, po.Partition, po.Error)
+		}
+		first[po.Partition], last[po.Partition] = po.FirstOffset, po.LastOffset
+	}
+	of, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
+	if err != nil {
+		return 0, fmt.Errorf("idemq/kafkaadapter: offset fetch: %w", err)
+	}
+	if of.Error != nil {
+		return 0, fmt.Errorf("idemq/kafkaadapter: offset fetch: %w", of.Error)
+	}
+	var lag int64
+	committed := map[int]int64{}
+	for _, p := range of.Topics[topic] {
+		committed[p.Partition] = p.CommittedOffset
+	}
+	for _, p := range parts {
+		c, ok := committed[p]
+		if !ok || c < 0 {
+			c = first[p]
+		}
+		if last[p] > c {
+			lag += last[p] - c
+		}
+	}
+	return lag, nil
+}
