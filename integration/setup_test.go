@@ -233,4 +233,3 @@ func (e *env) deadLetters(scope string) []dedup.DeadLetter {
 	}
 	return dl
 }
-
