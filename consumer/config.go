@@ -11,7 +11,8 @@ import (
 
 // BusinessKeyFunc extracts the business key (one business intent, stable
 // across producer re-sends) from a message, e.g. a payment ID from the
-// payload. Return "" for "no business key". An error makes the delivery bad
+// payload. msg.Identity already holds the scope and message ID (its
+// BusinessKey is empty); the result is normalized with dedup.NormalizeKey. Return "" for "no business key". An error makes the delivery bad
 // input: it is dead-lettered with reason dedup.ReasonBadInput and acked.
 type BusinessKeyFunc func(msg *dedup.Message) (string, error)
 

@@ -84,6 +84,8 @@ func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error)
 		reason string
 	)
 	if c.cfg.BusinessKey != nil {
+		// The extractor may look at the scope and message ID already.
+		msg.Identity, _ = dedup.NewIdentity(c.cfg.Scope, d.MessageID, d.Position, "")
 		bk, bkErr = c.extract(msg)
 	}
 	msg.Identity, idErr = dedup.NewIdentity(c.cfg.Scope, d.MessageID, d.Position, bk)

@@ -8,6 +8,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// ErrFingerprintConflict is wrapped by Result.Err of an OutcomeConflict: the
+// delivery's message ID or business key has a record whose payload
+// fingerprint differs (or was made with a key no longer configured).
+var ErrFingerprintConflict = errors.New("idemq: fingerprint conflict")
+
 type permanentError struct{ err error }
 
 func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
@@ -40,6 +45,7 @@ func IsPermanent(err error) bool {
 //   - "pg:<SQLSTATE>" or "pg:<SQLSTATE>:<constraint>" for a *pgconn.PgError
 //     anywhere in the chain, so a unique violation raised by the handler's own
 //     table reads "pg:23505:orders_order_no_key" even when wrapped with %w;
+//   - "fingerprint_conflict" for ErrFingerprintConflict;
 //   - "timeout" for context.DeadlineExceeded, "canceled" for context.Canceled;
 //   - "panic" for a recovered handler panic;
 //   - "error" otherwise.
@@ -60,6 +66,8 @@ func ErrorClass(err error) string {
 	}
 	var pe *PanicError
 	switch {
+	case errors.Is(err, ErrFingerprintConflict):
+		return "fingerprint_conflict"
 	case errors.As(err, &pe):
 		return "panic"
 	case errors.Is(err, context.DeadlineExceeded):

@@ -188,9 +188,12 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte,
 	res = Result{MatchedBy: by, Status: rec.status, Attempts: rec.attempts}
 	same, ferr := s.fp.Matches(msg.Payload, rec.fingerprint, rec.keyID)
 	if ferr == nil && !same {
-		ferr = fmt.Errorf("idemq: %s matches record %s by %s with a different payload fingerprint", id, rec.messageID, by)
+		ferr = fmt.Errorf("%w: %s matches record %s by %s with a different payload", ErrFingerprintConflict, id, rec.messageID, by)
 	}
 	if ferr != nil {
+		if !errors.Is(ferr, ErrFingerprintConflict) {
+			ferr = fmt.Errorf("%w: %w", ErrFingerprintConflict, ferr)
+		}
 		res.Outcome, res.Err = OutcomeConflict, ferr
 		res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, ReasonFingerprintConflict, ferr, rec.attempts, s.cfg.MaxErrorBytes)
 		return res, false, err

@@ -1,0 +1,120 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeSource records commits; fail makes the next n commits fail.
+type fakeSource struct {
+	mu      sync.Mutex
+	commits [][]Delivery
+	fail    int
+}
+
+func (f *fakeSource) Fetch(ctx context.Context) (Delivery, error) {
+	<-ctx.Done()
+	return Delivery{}, ctx.Err()
+}
+func (f *fakeSource) Close() error { return nil }
+func (f *fakeSource) Commit(_ context.Context, done []Delivery) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail > 0 {
+		f.fail--
+		return errors.New("kafka: deadline exceeded")
+	}
+	f.commits = append(f.commits, append([]Delivery(nil), done...))
+	return nil
+}
+
+func (f *fakeSource) committed() map[string][]int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string][]int64{}
+	for _, batch := range f.commits {
+		for _, d := range batch {
+			out[d.Lane] = append(out[d.Lane], d.Offset)
+		}
+	}
+	return out
+}
+
+func TestCommitterBatchesMonotonicPerLane(t *testing.T) {
+	src := &fakeSource{}
+	c := newCommitter(src, 1000, time.Hour, slog.Default())
+	for _, off := range []int64{10, 11, 12} {
+		c.done(Delivery{Lane: "t/0", Offset: off})
+	}
+	c.done(Delivery{Lane: "t/1", Offset: 5})
+	c.flush(context.Background())
+	// A replay after a rebalance reports an older offset: never committed.
+	c.done(Delivery{Lane: "t/0", Offset: 10})
+	c.flush(context.Background())
+	got := src.committed()
+	if len(got["t/0"]) != 1 || got["t/0"][0] != 12 || len(got["t/1"]) != 1 || got["t/1"][0] != 5 {
+		t.Fatalf("commits = %v, want t/0:[12] t/1:[5]", got)
+	}
+}
+
+func TestCommitterRetriesFailedCommit(t *testing.T) {
+	// S02: the commit after offset 20 fails although the database committed;
+	// the offset stays pending and the next flush commits it (or a later one).
+	src := &fakeSource{fail: 1}
+	c := newCommitter(src, 1000, time.Hour, slog.Default())
+	c.done(Delivery{Lane: "t/0", Offset: 20})
+	c.flush(context.Background())
+	if got := src.committed(); len(got) != 0 {
+		t.Fatalf("failed commit recorded: %v", got)
+	}
+	c.flush(context.Background())
+	if got := src.committed(); len(got["t/0"]) != 1 || got["t/0"][0] != 20 {
+		t.Fatalf("commits = %v, want t/0:[20]", got)
+	}
+}
+
+func TestCommitterFlushesOnCountAndClose(t *testing.T) {
+	src := &fakeSource{}
+	c := newCommitter(src, 2, time.Hour, slog.Default())
+	done := make(chan struct{})
+	go func() { defer close(done); c.loop() }()
+	c.done(Delivery{Lane: "t/0", Offset: 1})
+	c.done(Delivery{Lane: "t/0", Offset: 2}) // reaches CommitEvery: kicks a flush
+	deadline := time.Now().Add(5 * time.Second)
+	for len(src.committed()["t/0"]) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no flush after CommitEvery deliveries")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c.done(Delivery{Lane: "t/0", Offset: 3})
+	c.close()
+	<-done
+	got := src.committed()["t/0"]
+	if got[len(got)-1] != 3 {
+		t.Fatalf("close did not flush: %v", got)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	if _, err := New(Config{}); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("empty config: %v", err)
+	}
+	cfg := Config{Scope: "payments", RetryInitial: time.Second, RetryMax: time.Millisecond}
+	if err := cfg.withDefaults().validate(); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("store/handler missing or bad backoff accepted: %v", err)
+	}
+}
+
+func TestCounters(t *testing.T) {
+	var c Counters
+	c.Delivery("s", "duplicate", "business_key")
+	c.Delivery("s", "processed", "")
+	if c.Get("duplicate") != 1 || c.Get("duplicate:business_key") != 1 || c.Get("processed") != 1 || len(c.Snapshot()) != 3 {
+		t.Fatalf("counters = %v", c.Snapshot())
+	}
+}
