@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5"
@@ -211,5 +212,47 @@ func TestS10UniqueViolations(t *testing.T) {
 	var one int
 	if err := e.pool.QueryRow(e.ctx, "select 1").Scan(&one); err != nil || one != 1 {
 		t.Fatalf("pool unusable after violations: %v", err)
+	}
+}
+
+// S04: a zombie copy arrives while the first handler still holds its
+// transaction; it waits on the record and ends as a duplicate, never a failure.
+func TestS04ZombieConsumer(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	tbl := e.paymentsTable()
+	calls := atomic.Int64{}
+	slow := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		calls.Add(1)
+		if _, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ('p-500', 1)`); err != nil {
+			return err
+		}
+		time.Sleep(6 * time.Second)
+		return nil
+	}
+	type outcome struct {
+		res dedup.Result
+		err error
+	}
+	first := make(chan outcome, 1)
+	go func() {
+		res, err := e.store.Process(e.ctx, msg(t, "payments", "m-500", "", "x"), slow)
+		first <- outcome{res, err}
+	}()
+	time.Sleep(4 * time.Second)
+	res, err := e.store.Process(e.ctx, msg(t, "payments", "m-500", "", "x"), slow)
+	f := <-first
+	if f.err != nil || f.res.Outcome != dedup.OutcomeProcessed {
+		t.Fatalf("first copy: %+v %v", f.res, f.err)
+	}
+	if err != nil || res.Outcome != dedup.OutcomeDuplicate || res.HandlerCalled {
+		t.Fatalf("zombie copy: %+v %v, want a duplicate without handler call", res, err)
+	}
+	if calls.Load() != 1 || e.count(`select count(*) from `+tbl) != 1 {
+		t.Fatalf("calls %d rows %d, want 1 and 1", calls.Load(), e.count(`select count(*) from `+tbl))
+	}
+	r := e.record("payments", "m-500")
+	if r.Status != dedup.StatusSucceeded || r.Attempts != 1 || r.LastError != "" || r.LastErrorClass != "" {
+		t.Fatalf("record = %+v, want SUCCEEDED attempts 1 with no failure ever written", r)
 	}
 }

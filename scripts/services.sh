@@ -1,0 +1,732 @@
+#!/usr/bin/env bash
+# scripts/services.sh: the local services that idemq's integration tests, examples and CI use,
+# run without Docker (docker-compose.yml at the repo root starts the same set for Docker users).
+#
+#   service    how it runs                                                 listens on (127.0.0.1)
+#   postgres   Debian package `postgresql`; our own cluster in the cache    5432
+#   redis      Debian package `redis-server`                                6379
+#   kafka      Kafka 4.1.1 (KRaft, one node) from Maven Central jars        9092 (controller 9093)
+#   rocketmq   RocketMQ 5.3.3 NameServer + broker from Maven Central jars   9876, 10911
+#
+# Usage: scripts/services.sh COMMAND [SERVICE...]      (no SERVICE means all four)
+#
+#   up [svc...]      Install whatever is missing (apt-get: postgresql, redis-server, a Java 17
+#                    JRE, maven; Maven Central: the broker jars), start the services in parallel
+#                    and wait until each answers a real request (SQL query, PING, Kafka
+#                    ApiVersions, NameServer cluster info listing our broker). Idempotent: a
+#                    service that already answers is left as it is, so a second `up` returns in
+#                    about a second. A server that this script did not start but that already
+#                    answers on the same port (for example from docker-compose.yml) is reused.
+#                    On a failed start it prints the last 40 lines of that service's log and
+#                    exits non-zero. Ends by printing the `env` lines.
+#   down [svc...]    Stop the services this script started: pg_ctl stop -m fast,
+#                    redis-cli shutdown nosave, SIGTERM to the Java processes (then SIGKILL after a
+#                    grace period). Data stays in the cache, so the next `up` is warm.
+#   status [svc...]  One line per service: ready / starting / stopped / external / blocked,
+#                    with pid and address. Exit status 0 only if every listed service is usable.
+#   env              Print the export lines for the tests:  eval "$(scripts/services.sh env)"
+#
+# Environment:
+#   IDEMQ_CACHE      download + data folder (default <repo>/.cache/services, git-ignored).
+#                    Wipe it (after `down`) for a fully fresh start; the Maven downloads also
+#                    stay in ~/.m2.
+#   IDEMQ_JAVA       java binary to use (default: /usr/lib/jvm/java-17-openjdk-*/bin/java, else
+#                    `java` on PATH if it is 17 or newer, else apt-get install
+#                    openjdk-17-jre-headless).
+#
+# Layout of the cache: postgres/{data,run,postgres.log}  redis/{redis.pid,redis.log}
+#   kafka/{pom.xml,lib,server.properties,log4j2.properties,data,kafka.log,kafka.pid}
+#   rocketmq/{pom.xml,lib,home,namesrv.conf,broker.conf,store,namesrv.log,broker.log,*.pid}
+# Recipes and the reasons behind the broker settings: shared/BROKERS.md.
+#
+# Every server listens on 127.0.0.1 only, with one exception that RocketMQ 5.3.3 does not let us
+# configure: the broker's master-slave replication (HA) port 10912 binds all interfaces
+# (DefaultHAService opens `new InetSocketAddress(port)`); with a single broker nothing uses it.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${IDEMQ_CACHE:-$REPO/.cache/services}
+[[ $CACHE == /* ]] || CACHE=$PWD/$CACHE
+ALL_SERVICES=(postgres redis kafka rocketmq)
+START_TS=$(date +%s)
+
+KAFKA_VERSION=4.1.1
+KAFKA_LOG4J_VERSION=2.24.3            # the log4j2 that Kafka 4.1.1 ships with
+KAFKA_CLUSTER_ID=5L6g3nShT-eMCtK--X86sw
+ROCKETMQ_VERSION=5.3.3
+DEPENDENCY_PLUGIN=org.apache.maven.plugins:maven-dependency-plugin:3.8.1
+
+PG_PORT=5432 REDIS_PORT=6379 KAFKA_PORT=9092 KAFKA_CONTROLLER_PORT=9093
+NAMESRV_PORT=9876 BROKER_PORT=10911
+PG_DSN="postgres://idemq:idemq@127.0.0.1:$PG_PORT/idemq?sslmode=disable"
+
+# ---------------------------------------------------------------------------------- helpers
+
+SVC=services   # prefix of log lines; each service's subshell sets its own
+log()  { printf '[%3ss %-8s] %s\n' "$(($(date +%s) - START_TS))" "$SVC" "$*"; }
+die()  { log "ERROR: $*" >&2; exit 1; }
+
+# fail LOGFILE MESSAGE: report a failed start; `up` prints the log's last 40 lines at the end.
+fail() {
+  log "FAILED: $2" >&2
+  printf '%s\n' "$1" >"$CACHE/.failed.$SVC"
+  exit 1
+}
+
+# port_open PORT: something accepts TCP connections on 127.0.0.1:PORT.
+port_open() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+# pid_of PIDFILE PATTERN: print the pid in PIDFILE if that process is alive and its command
+# line contains PATTERN (guards against a stale file whose pid was reused).
+pid_of() {
+  local pid
+  [[ -s $1 ]] || return 1
+  read -r pid <"$1" || return 1
+  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$2" || return 1
+  echo "$pid"
+}
+
+# stop_pid NAME PIDFILE PATTERN GRACE: SIGTERM, wait up to GRACE seconds, then SIGKILL.
+stop_pid() {
+  local pid i
+  pid=$(pid_of "$2" "$3") || { log "$1 not running"; rm -f "$2"; return 0; }
+  log "stopping $1 (pid $pid)"
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < $4 * 10; i++)); do
+    kill -0 "$pid" 2>/dev/null || { rm -f "$2"; log "$1 stopped"; return 0; }
+    sleep 0.1
+  done
+  log "$1 still running after $4 s: SIGKILL"
+  kill -KILL "$pid" 2>/dev/null || true
+  sleep 0.5
+  rm -f "$2"
+}
+
+# start_daemon PIDFILE LOGFILE CMD...: run CMD in its own session, detached from this shell,
+# output to LOGFILE (the previous one is kept as LOGFILE.1), and record its pid.
+start_daemon() {
+  local pidfile=$1 logfile=$2 i
+  shift 2
+  rm -f "$pidfile"
+  [[ -f $logfile ]] && mv -f "$logfile" "$logfile.1"
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" >"$logfile" 2>&1 </dev/null &
+  for ((i = 0; i < 50; i++)); do [[ -s $pidfile ]] && return 0; sleep 0.1; done
+  return 1
+}
+
+# wait_for SECONDS PIDFILE PATTERN CHECK...: poll CHECK until it succeeds; fail early when the
+# process dies. Returns 1 on timeout, 2 when the process died.
+wait_for() {
+  local deadline=$(($(date +%s) + $1)) pidfile=$2 pattern=$3
+  shift 3
+  while :; do
+    "$@" && return 0
+    pid_of "$pidfile" "$pattern" >/dev/null || { "$@" && return 0; return 2; }
+    (($(date +%s) < deadline)) || return 1
+    sleep 0.5
+  done
+}
+
+as_root() { if ((EUID == 0)); then "$@"; else sudo "$@"; fi; }
+
+# ------------------------------------------------------------------------- packages, Java
+
+# pg_bindir: the newest /usr/lib/postgresql/<ver>/bin, else the folder of pg_ctl on PATH.
+pg_bindir() {
+  local d
+  d=$(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+  if [[ -n $d && -x $d/postgres && -x $d/initdb && -x $d/pg_ctl ]]; then echo "$d"; return 0; fi
+  d=$(command -v pg_ctl 2>/dev/null) || return 1
+  d=$(dirname "$(readlink -f "$d")")
+  [[ -x $d/postgres && -x $d/initdb ]] && echo "$d"
+}
+
+java_major() { "$1" -XshowSettings:properties -version 2>&1 | awk -F'= ' '/java.specification.version/ {print $2}'; }
+
+# find_java: set JAVA (a Java 17+ binary); prefer Debian's OpenJDK 17.
+find_java() {
+  local j
+  if [[ -n ${IDEMQ_JAVA:-} ]]; then JAVA=$IDEMQ_JAVA; return 0; fi
+  for j in /usr/lib/jvm/java-17-openjdk-*/bin/java; do
+    [[ -x $j ]] && { JAVA=$j; return 0; }
+  done
+  j=$(command -v java 2>/dev/null) || return 1
+  local v
+  v=$(java_major "$j")
+  [[ ${v%%.*} =~ ^[0-9]+$ ]] && ((${v%%.*} >= 17)) || return 1
+  JAVA=$j
+}
+
+# ensure_packages SVC...: one apt-get update + install for everything the services lack.
+ensure_packages() {
+  local pkgs=() s need_java=
+  for s in "$@"; do
+    case $s in
+      postgres)
+        pg_bindir >/dev/null || pkgs+=(postgresql)
+        command -v psql >/dev/null || pkgs+=(postgresql-client) ;;
+      redis) command -v redis-server >/dev/null && command -v redis-cli >/dev/null || pkgs+=(redis-server redis-tools) ;;
+      kafka | rocketmq) need_java=1 ;;
+    esac
+  done
+  if [[ -n $need_java ]]; then
+    find_java || pkgs+=(openjdk-17-jre-headless)
+    command -v mvn >/dev/null || pkgs+=(maven)
+  fi
+  ((${#pkgs[@]})) || return 0
+  mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u)
+  ((EUID == 0)) || command -v sudo >/dev/null || die "missing packages (${pkgs[*]}); install them or run as root"
+  command -v apt-get >/dev/null || die "missing packages (${pkgs[*]}) and no apt-get: install them by hand"
+  log "installing with apt-get: ${pkgs[*]}"
+  # No init system here: a policy-rc.d that answers 101 stops the packages' postinst from
+  # starting the system-wide postgresql/redis services (they would take our ports).
+  local made_policy=
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    as_root sh -c 'printf "#!/bin/sh\nexit 101\n" >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d'
+    made_policy=1
+  fi
+  as_root mkdir -p /usr/share/man/man1   # slim images lack it; openjdk's postinst needs it
+  local rc=0
+  {
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${pkgs[@]}"
+  } >"$CACHE/apt.log" 2>&1 || rc=$?
+  [[ -n $made_policy ]] && as_root rm -f /usr/sbin/policy-rc.d
+  if ((rc != 0)); then tail -n 40 "$CACHE/apt.log" >&2; die "apt-get install failed"; fi
+  log "installed: ${pkgs[*]}"
+}
+
+# fetch_jars DIR POM_XML: copy the runtime dependencies of POM_XML into DIR/lib with Maven
+# (downloads land in ~/.m2). Skipped when DIR/lib was filled from the same pom.
+fetch_jars() {
+  local dir=$1 pom=$2 stamp sum mvnlog=$1/maven.log
+  mkdir -p "$dir"
+  sum=$(printf '%s' "$pom" | cksum | cut -d' ' -f1)
+  stamp=$dir/lib/.complete
+  [[ -f $stamp && $(<"$stamp") == "$sum" ]] && return 0
+  printf '%s\n' "$pom" >"$dir/pom.xml"
+  log "fetching jars from Maven Central (log: $mvnlog)"
+  local try
+  for try in 1 2; do
+    rm -rf "$dir/lib.tmp"
+    if JAVA_HOME=$(dirname "$(dirname "$(readlink -f "$JAVA")")") \
+      mvn -B -q -Dstyle.color=never -f "$dir/pom.xml" -Dmaven.artifact.threads=8 "$DEPENDENCY_PLUGIN:copy-dependencies" \
+      -DincludeScope=runtime -DoutputDirectory="$dir/lib.tmp" >"$mvnlog" 2>&1; then
+      echo "$sum" >"$dir/lib.tmp/.complete"
+      rm -rf "${dir:?}/lib"
+      mv "$dir/lib.tmp" "$dir/lib"
+      log "jars ready: $(find "$dir/lib" -name '*.jar' | wc -l) jars, $(du -sh "$dir/lib" | cut -f1)"
+      return 0
+    fi
+    log "maven failed (try $try)"
+    sleep 2   # a concurrent first download into ~/.m2 can trip; the second try reuses its files
+  done
+  fail "$mvnlog" "could not fetch the jars"
+}
+
+pom_xml() { # pom_xml ARTIFACT_ID DEPENDENCY_LINES
+  cat <<EOF
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.idemq.services</groupId><artifactId>$1</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+$2
+  </dependencies>
+</project>
+EOF
+}
+
+# ------------------------------------------------------------------------------- postgres
+
+# Our cluster lives in $CACHE/postgres unless the `postgres` OS user cannot reach the cache
+# (e.g. a repo under /root, mode 700): then in /var/tmp/idemq-services/<hash>/postgres.
+pg_dir() {
+  if ((EUID == 0)) && id postgres >/dev/null 2>&1 && ! runuser -u postgres -- test -x "$CACHE" 2>/dev/null; then
+    echo "/var/tmp/idemq-services/$(printf '%s' "$CACHE" | cksum | cut -d' ' -f1)/postgres"
+  else
+    echo "$CACHE/postgres"
+  fi
+}
+
+# as_pg CMD...: run as the postgres OS user (root may not run the server).
+as_pg() {
+  if ((EUID == 0)); then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
+}
+
+pg_sockdir() {
+  local d; d=$(pg_dir)/run
+  # a unix socket path holds at most 107 bytes
+  if ((${#d} > 90)); then d=/tmp/idemq-pg-$(printf '%s' "$d" | cksum | cut -d' ' -f1); fi
+  echo "$d"
+}
+
+psql_bin() {
+  local b
+  if b=$(pg_bindir 2>/dev/null) && [[ -x $b/psql ]]; then echo "$b/psql"; else command -v psql; fi
+}
+
+pg_dsn_ok() {
+  local psql
+  psql=$(psql_bin) || return 1
+  [[ $(PGCONNECT_TIMEOUT=3 "$psql" "$PG_DSN" -XAtqc 'select 1' 2>/dev/null) == 1 ]]
+}
+
+pg_pid() { local d; d=$(pg_dir)/data; pid_of "$d/postmaster.pid" "postgres"; }
+
+up_postgres() {
+  local dir data sock bin psql
+  dir=$(pg_dir) data=$(pg_dir)/data sock=$(pg_sockdir)
+  if pg_pid >/dev/null; then
+    if pg_dsn_ok; then log "already running (pid $(pg_pid))"; return 0; fi
+  elif port_open $PG_PORT; then
+    pg_dsn_ok || fail /dev/null "127.0.0.1:$PG_PORT is taken by a server where $PG_DSN does not work"
+    log "reusing the server already on 127.0.0.1:$PG_PORT (not started by this script)"
+    return 0
+  fi
+  bin=$(pg_bindir) || fail /dev/null "no PostgreSQL server binaries"
+  psql=$(psql_bin)
+  mkdir -p "$dir" "$sock"
+  ((EUID == 0)) && chown -R postgres:postgres "$dir" "$sock"
+  if [[ ! -s $data/PG_VERSION ]]; then
+    log "initdb ($bin) in $data"
+    rm -rf "$data"
+    as_pg "$bin/initdb" -D "$data" -U postgres --auth-local=trust --auth-host=scram-sha-256 \
+      -E UTF8 --locale=C >"$dir/initdb.log" 2>&1 || fail "$dir/initdb.log" "initdb failed"
+    cat >>"$data/postgresql.conf" <<EOF
+
+# --- scripts/services.sh
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+max_connections = 300
+unix_socket_directories = '$sock'
+EOF
+  fi
+  if ! pg_pid >/dev/null; then
+    log "starting PostgreSQL on 127.0.0.1:$PG_PORT"
+    as_pg "$bin/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 start >"$dir/pg_ctl.log" 2>&1 ||
+      fail "$dir/postgres.log" "pg_ctl start failed"
+  fi
+  # role and database (idempotent)
+  "$psql" -h "$sock" -p $PG_PORT -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 >/dev/null 2>"$dir/setup.log" <<'SQL' ||
+DO $$BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'idemq') THEN
+    CREATE ROLE idemq LOGIN SUPERUSER PASSWORD 'idemq';
+  END IF;
+END$$;
+SELECT 'CREATE DATABASE idemq OWNER idemq' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'idemq')\gexec
+SQL
+    fail "$dir/setup.log" "could not create role/database idemq"
+  pg_dsn_ok || fail "$dir/postgres.log" "$PG_DSN does not answer"
+  log "ready (pid $(pg_pid))"
+}
+
+down_postgres() {
+  local data bin
+  data=$(pg_dir)/data
+  if ! pg_pid >/dev/null; then
+    if port_open $PG_PORT; then log "the server on 127.0.0.1:$PG_PORT is not ours: left alone"; else log "not running"; fi
+    return 0
+  fi
+  bin=$(pg_bindir)
+  log "stopping (pg_ctl stop -m fast)"
+  as_pg "$bin/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null
+  log "stopped"
+}
+
+status_postgres() {
+  local pid
+  if pid=$(pg_pid); then
+    if pg_dsn_ok; then echo "ready    pid $pid  127.0.0.1:$PG_PORT  data $(pg_dir)/data"; else echo "starting pid $pid  127.0.0.1:$PG_PORT"; return 1; fi
+  elif port_open $PG_PORT; then
+    if pg_dsn_ok; then echo "external 127.0.0.1:$PG_PORT (not started by this script; DSN works)"; else echo "blocked  127.0.0.1:$PG_PORT taken by another server"; return 1; fi
+  else echo "stopped"; return 1; fi
+}
+
+# ---------------------------------------------------------------------------------- redis
+
+REDIS_DIR=$CACHE/redis
+
+redis_ping() {
+  local r
+  if command -v redis-cli >/dev/null; then
+    r=$(timeout 3 redis-cli -h 127.0.0.1 -p $REDIS_PORT ping 2>/dev/null) || return 1
+  else
+    r=$(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$REDIS_PORT && printf 'PING\r\n' >&3 && read -r l <&3 && echo \"\$l\"" 2>/dev/null) || return 1
+  fi
+  [[ ${r%$'\r'} == *PONG ]]
+}
+
+redis_pid() { pid_of "$REDIS_DIR/redis.pid" redis-server; }
+
+up_redis() {
+  if redis_ping; then
+    if redis_pid >/dev/null; then log "already running (pid $(redis_pid))"
+    else log "reusing the server already on 127.0.0.1:$REDIS_PORT (not started by this script)"; fi
+    return 0
+  fi
+  port_open $REDIS_PORT && fail /dev/null "127.0.0.1:$REDIS_PORT is taken by something that does not answer PING"
+  mkdir -p "$REDIS_DIR"
+  [[ -f $REDIS_DIR/redis.log ]] && mv -f "$REDIS_DIR/redis.log" "$REDIS_DIR/redis.log.1"
+  log "starting redis-server on 127.0.0.1:$REDIS_PORT"
+  redis-server --bind 127.0.0.1 --port $REDIS_PORT --daemonize yes --save '' --appendonly no \
+    --pidfile "$REDIS_DIR/redis.pid" --logfile "$REDIS_DIR/redis.log" --dir "$REDIS_DIR" \
+    >"$REDIS_DIR/start.log" 2>&1 || fail "$REDIS_DIR/start.log" "redis-server did not start"
+  local i
+  for ((i = 0; i < 100; i++)); do redis_ping && break; sleep 0.2; done
+  redis_ping || fail "$REDIS_DIR/redis.log" "no PONG on 127.0.0.1:$REDIS_PORT"
+  log "ready (pid $(redis_pid || echo '?'))"
+}
+
+down_redis() {
+  local pid i
+  if ! pid=$(redis_pid); then
+    if redis_ping; then log "the server on 127.0.0.1:$REDIS_PORT is not ours: left alone"; else log "not running"; fi
+    return 0
+  fi
+  log "stopping (shutdown nosave, pid $pid)"
+  timeout 10 redis-cli -h 127.0.0.1 -p $REDIS_PORT shutdown nosave >/dev/null 2>&1 || true
+  for ((i = 0; i < 50; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  stop_pid redis "$REDIS_DIR/redis.pid" redis-server 10 >/dev/null
+  log "stopped"
+}
+
+status_redis() {
+  local pid
+  if pid=$(redis_pid); then
+    if redis_ping; then echo "ready    pid $pid  127.0.0.1:$REDIS_PORT"; else echo "starting pid $pid  127.0.0.1:$REDIS_PORT"; return 1; fi
+  elif redis_ping; then echo "external 127.0.0.1:$REDIS_PORT (not started by this script; PING works)"
+  elif port_open $REDIS_PORT; then echo "blocked  127.0.0.1:$REDIS_PORT taken, no PONG"; return 1
+  else echo "stopped"; return 1; fi
+}
+
+# ---------------------------------------------------------------------------------- kafka
+
+KAFKA_DIR=$CACHE/kafka
+
+# kafka_api_ok: a Kafka ApiVersions v0 round trip on 127.0.0.1:9092 (correlation id 1, error 0).
+# shellcheck disable=SC2016 # expanded by the inner shell
+kafka_api_ok() {
+  timeout 3 bash -c '
+    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+    printf "\x00\x00\x00\x0f\x00\x12\x00\x00\x00\x00\x00\x01\x00\x05idemq" >&3
+    r=$(head -c 10 <&3 | od -An -tx1 | tr -d " \n")
+    [[ ${r:8:12} == 000000010000 ]]' _ $KAFKA_PORT 2>/dev/null
+}
+
+kafka_pid() { pid_of "$KAFKA_DIR/kafka.pid" kafka.Kafka; }
+kafka_ready() { kafka_api_ok && grep -q 'Kafka Server started' "$KAFKA_DIR/kafka.log" 2>/dev/null; }
+
+kafka_write_config() {
+  cat >"$KAFKA_DIR/server.properties" <<EOF
+# generated by scripts/services.sh
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$KAFKA_DIR/data
+num.partitions=3
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+group.min.session.timeout.ms=1000
+EOF
+  cat >"$KAFKA_DIR/log4j2.properties" <<'EOF'
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = STDOUT
+EOF
+}
+
+up_kafka() {
+  local pid rc=0
+  mkdir -p "$KAFKA_DIR"
+  if pid=$(kafka_pid); then
+    if kafka_ready; then log "already running (pid $pid)"; return 0; fi
+  elif port_open $KAFKA_PORT; then
+    kafka_api_ok || fail /dev/null "127.0.0.1:$KAFKA_PORT is taken by something that is not Kafka"
+    log "reusing the broker already on 127.0.0.1:$KAFKA_PORT (not started by this script)"
+    return 0
+  else
+    fetch_jars "$KAFKA_DIR" "$(pom_xml kafka-runtime "\
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-api</artifactId><version>$KAFKA_LOG4J_VERSION</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>$KAFKA_LOG4J_VERSION</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>$KAFKA_LOG4J_VERSION</version></dependency>")"
+    kafka_write_config
+    local jopts=(-Xms512m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true
+      "-Dlog4j2.configurationFile=$KAFKA_DIR/log4j2.properties" -cp "$KAFKA_DIR/lib/*")
+    # Format once; the data (topics, offsets) then survives down/up.
+    if ! grep -qx "cluster.id=$KAFKA_CLUSTER_ID" "$KAFKA_DIR/data/meta.properties" 2>/dev/null; then
+      log "formatting KRaft storage in $KAFKA_DIR/data"
+      rm -rf "$KAFKA_DIR/data"
+      "$JAVA" "${jopts[@]}" kafka.tools.StorageTool format -t "$KAFKA_CLUSTER_ID" \
+        -c "$KAFKA_DIR/server.properties" >"$KAFKA_DIR/format.log" 2>&1 ||
+        fail "$KAFKA_DIR/format.log" "kafka storage format failed"
+    fi
+    log "starting Kafka $KAFKA_VERSION on 127.0.0.1:$KAFKA_PORT"
+    start_daemon "$KAFKA_DIR/kafka.pid" "$KAFKA_DIR/kafka.log" \
+      "$JAVA" "${jopts[@]}" kafka.Kafka "$KAFKA_DIR/server.properties" ||
+      fail "$KAFKA_DIR/kafka.log" "kafka did not start"
+  fi
+  wait_for 90 "$KAFKA_DIR/kafka.pid" kafka.Kafka kafka_ready || rc=$?
+  ((rc == 0)) || fail "$KAFKA_DIR/kafka.log" "$( ((rc == 2)) && echo "kafka exited" || echo "kafka not ready after 90 s")
+  (if its data is to blame: scripts/services.sh down kafka; rm -rf $KAFKA_DIR/data)"
+  log "ready (pid $(kafka_pid))"
+}
+
+down_kafka() {
+  if ! kafka_pid >/dev/null && port_open $KAFKA_PORT; then log "the broker on 127.0.0.1:$KAFKA_PORT is not ours: left alone"; return 0; fi
+  stop_pid kafka "$KAFKA_DIR/kafka.pid" kafka.Kafka 60
+}
+
+status_kafka() {
+  local pid
+  if pid=$(kafka_pid); then
+    if kafka_ready; then echo "ready    pid $pid  127.0.0.1:$KAFKA_PORT  Kafka $KAFKA_VERSION (KRaft)"; else echo "starting pid $pid  127.0.0.1:$KAFKA_PORT"; return 1; fi
+  elif kafka_api_ok; then echo "external 127.0.0.1:$KAFKA_PORT (not started by this script; ApiVersions works)"
+  elif port_open $KAFKA_PORT; then echo "blocked  127.0.0.1:$KAFKA_PORT taken, not Kafka"; return 1
+  else echo "stopped"; return 1; fi
+}
+
+# ------------------------------------------------------------------------------- rocketmq
+
+RMQ_DIR=$CACHE/rocketmq
+RMQ_HOME=$RMQ_DIR/home
+
+# rmq_request PORT CODE [BODY]: one RocketMQ Remoting request (JSON header) to 127.0.0.1:PORT;
+# prints the reply's JSON header and body.
+# shellcheck disable=SC2016 # expanded by the inner shell
+rmq_request() {
+  timeout 5 bash -c '
+    port=$1 code=$2 body=${3:-}
+    h="{\"code\":$code,\"flag\":0,\"language\":\"JAVA\",\"opaque\":1,\"serializeTypeCurrentRPC\":\"JSON\",\"version\":0}"
+    be32() { printf "\\\\x%02x\\\\x%02x\\\\x%02x\\\\x%02x" $(($1>>24&255)) $(($1>>16&255)) $(($1>>8&255)) $(($1&255)); }
+    exec 3<>"/dev/tcp/127.0.0.1/$port" || exit 1
+    { printf "$(be32 $((4 + ${#h} + ${#body})))$(be32 ${#h})"; printf "%s%s" "$h" "$body"; } >&3
+    len=$((16#$(head -c 4 <&3 | od -An -tx1 | tr -d " \n")))
+    ((len > 4)) || exit 1
+    head -c "$len" <&3 | tail -c +5 | tr -d "\000"' _ "$@" 2>/dev/null
+}
+# rmq_broker_registered: the NameServer answers GET_BROKER_CLUSTER_INFO (106) and lists our
+# broker at 127.0.0.1:10911.
+rmq_broker_registered() { rmq_request $NAMESRV_PORT 106 | grep -q "\"127.0.0.1:$BROKER_PORT\""; }
+
+namesrv_pid() { pid_of "$RMQ_DIR/namesrv.pid" NamesrvStartup; }
+broker_pid() { pid_of "$RMQ_DIR/broker.pid" BrokerStartup; }
+namesrv_ready() { port_open $NAMESRV_PORT && grep -q 'The Name Server boot success' "$RMQ_DIR/namesrv.log" 2>/dev/null; }
+broker_ready() {
+  port_open $BROKER_PORT && grep -q 'boot success' "$RMQ_DIR/broker.log" 2>/dev/null && rmq_broker_registered
+}
+
+# The broker registers with the NameServer once at start, then every 10 s. The first one races
+# the broker's own check that the NameServer is reachable and is often skipped, which would cost
+# 10 s. When the broker has booted but is not listed a second later, UPDATE_BROKER_CONFIG (25)
+# with the default brokerPermission=6 (read+write) makes it register in full at once. (The broker
+# then saves its whole effective config over broker.conf; rmq_write_config rewrites it anyway.)
+RMQ_KICKED=
+broker_ready_or_kick() {
+  broker_ready && return 0
+  [[ -z $RMQ_KICKED ]] && port_open $BROKER_PORT && grep -q 'boot success' "$RMQ_DIR/broker.log" 2>/dev/null || return 1
+  sleep 1
+  broker_ready && return 0
+  RMQ_KICKED=1
+  log "broker booted but not yet registered: asking it to register now"
+  rmq_request $BROKER_PORT 25 'brokerPermission=6' >/dev/null || true
+  return 1
+}
+
+rmq_write_config() {
+  mkdir -p "$RMQ_HOME/conf" "$RMQ_DIR/store"
+  cat >"$RMQ_DIR/namesrv.conf" <<EOF
+listenPort=$NAMESRV_PORT
+bindAddress=127.0.0.1
+scanAvailableNameSrv=false
+EOF
+  cat >"$RMQ_DIR/broker.conf" <<EOF
+brokerClusterName=DefaultCluster
+brokerName=broker-a
+brokerId=0
+brokerRole=ASYNC_MASTER
+flushDiskType=ASYNC_FLUSH
+namesrvAddr=127.0.0.1:$NAMESRV_PORT
+brokerIP1=127.0.0.1
+brokerIP2=127.0.0.1
+listenPort=$BROKER_PORT
+bindAddress=127.0.0.1
+autoCreateTopicEnable=true
+autoCreateSubscriptionGroup=true
+defaultTopicQueueNums=4
+storePathRootDir=$RMQ_DIR/store
+mappedFileSizeCommitLog=67108864
+mappedFileSizeConsumeQueue=600000
+diskMaxUsedSpaceRatio=95
+messageDelayLevel=1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s
+registerNameServerPeriod=10000
+EOF
+}
+
+up_rocketmq() {
+  local rc=0
+  mkdir -p "$RMQ_DIR"
+  if namesrv_pid >/dev/null && broker_pid >/dev/null && namesrv_ready && broker_ready; then
+    log "already running (namesrv pid $(namesrv_pid), broker pid $(broker_pid))"
+    return 0
+  fi
+  if ! namesrv_pid >/dev/null && port_open $NAMESRV_PORT; then
+    rmq_broker_registered || fail /dev/null "127.0.0.1:$NAMESRV_PORT is taken by something that does not list a broker at 127.0.0.1:$BROKER_PORT"
+    log "reusing the NameServer and broker already running (not started by this script)"
+    return 0
+  fi
+  fetch_jars "$RMQ_DIR" "$(pom_xml rocketmq-runtime "\
+    <dependency><groupId>org.apache.rocketmq</groupId><artifactId>rocketmq-namesrv</artifactId><version>$ROCKETMQ_VERSION</version></dependency>
+    <dependency><groupId>org.apache.rocketmq</groupId><artifactId>rocketmq-broker</artifactId><version>$ROCKETMQ_VERSION</version></dependency>")"
+  rmq_write_config
+  local jdk17=(--add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/java.nio=ALL-UNNAMED
+    --add-opens java.base/java.util=ALL-UNNAMED --add-opens java.base/jdk.internal.ref=ALL-UNNAMED
+    --add-exports java.base/sun.nio.ch=ALL-UNNAMED)
+  export ROCKETMQ_HOME=$RMQ_HOME
+  if ! namesrv_pid >/dev/null; then
+    log "starting NameServer $ROCKETMQ_VERSION on 127.0.0.1:$NAMESRV_PORT"
+    start_daemon "$RMQ_DIR/namesrv.pid" "$RMQ_DIR/namesrv.log" \
+      "$JAVA" -Xms256m -Xmx256m -Xmn128m -XX:+UseG1GC "${jdk17[@]}" "-Duser.home=$RMQ_HOME" \
+      -Drmq.logback.configurationFile=rmq.namesrv.logback.xml -cp "$RMQ_DIR/lib/*" \
+      org.apache.rocketmq.namesrv.NamesrvStartup -c "$RMQ_DIR/namesrv.conf" ||
+      fail "$RMQ_DIR/namesrv.log" "NameServer did not start"
+  fi
+  wait_for 60 "$RMQ_DIR/namesrv.pid" NamesrvStartup namesrv_ready || rc=$?
+  ((rc == 0)) || fail "$RMQ_DIR/namesrv.log" "$( ((rc == 2)) && echo "NameServer exited" || echo "NameServer not ready after 60 s")"
+  if ! broker_pid >/dev/null; then
+    log "starting broker on 127.0.0.1:$BROKER_PORT"
+    start_daemon "$RMQ_DIR/broker.pid" "$RMQ_DIR/broker.log" \
+      "$JAVA" -Xms512m -Xmx512m -Xmn256m -XX:+UseG1GC -XX:MaxDirectMemorySize=512m "${jdk17[@]}" \
+      "-Duser.home=$RMQ_HOME" -Drmq.logback.configurationFile=rmq.broker.logback.xml -cp "$RMQ_DIR/lib/*" \
+      org.apache.rocketmq.broker.BrokerStartup -c "$RMQ_DIR/broker.conf" ||
+      fail "$RMQ_DIR/broker.log" "broker did not start"
+  fi
+  wait_for 120 "$RMQ_DIR/broker.pid" BrokerStartup broker_ready_or_kick || rc=$?
+  ((rc == 0)) || fail "$RMQ_DIR/broker.log" "$( ((rc == 2)) && echo "broker exited" || echo "broker not ready (or not registered) after 120 s")
+  (if its data is to blame: scripts/services.sh down rocketmq; rm -rf $RMQ_DIR/store)"
+  log "ready (namesrv pid $(namesrv_pid), broker pid $(broker_pid))"
+}
+
+down_rocketmq() {
+  if ! namesrv_pid >/dev/null && ! broker_pid >/dev/null && port_open $NAMESRV_PORT; then
+    log "the NameServer on 127.0.0.1:$NAMESRV_PORT is not ours: left alone"; return 0
+  fi
+  stop_pid broker "$RMQ_DIR/broker.pid" BrokerStartup 60    # broker first: it unregisters
+  stop_pid namesrv "$RMQ_DIR/namesrv.pid" NamesrvStartup 30
+}
+
+status_rocketmq() {
+  local np bp
+  np=$(namesrv_pid) || np=
+  bp=$(broker_pid) || bp=
+  if [[ -n $np || -n $bp ]]; then
+    if [[ -n $np && -n $bp ]] && namesrv_ready && broker_ready; then
+      echo "ready    pid $np,$bp  127.0.0.1:$NAMESRV_PORT (namesrv) 127.0.0.1:$BROKER_PORT (broker-a)  RocketMQ $ROCKETMQ_VERSION"
+    else echo "starting namesrv pid ${np:--}, broker pid ${bp:--}"; return 1; fi
+  elif rmq_broker_registered; then echo "external 127.0.0.1:$NAMESRV_PORT (not started by this script; lists broker 127.0.0.1:$BROKER_PORT)"
+  elif port_open $NAMESRV_PORT || port_open $BROKER_PORT; then echo "blocked  127.0.0.1:$NAMESRV_PORT or :$BROKER_PORT taken"; return 1
+  else echo "stopped"; return 1; fi
+}
+
+# ------------------------------------------------------------------------------- commands
+
+print_env() {
+  cat <<EOF
+export TEST_POSTGRES_DSN='$PG_DSN'
+export TEST_REDIS_ADDR=127.0.0.1:$REDIS_PORT
+export TEST_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT
+export TEST_ROCKETMQ_NAMESRV=127.0.0.1:$NAMESRV_PORT
+export TEST_ROCKETMQ_BROKER=127.0.0.1:$BROKER_PORT
+EOF
+}
+
+# run_parallel ACTION SVC...: run ACTION_<svc> for each service in its own subshell.
+run_parallel() {
+  local action=$1 s failed=()
+  shift
+  local -A pids=()
+  for s in "$@"; do
+    rm -f "$CACHE/.failed.$s"
+    # fd 9 holds the lock: close it so that the servers started below do not inherit it
+    (exec 9>&-; SVC=$s; "${action}_$s") &
+    pids[$s]=$!
+  done
+  for s in "$@"; do wait "${pids[$s]}" || failed+=("$s"); done
+  ((${#failed[@]} == 0)) && return 0
+  for s in "${failed[@]}"; do
+    local f
+    f=$(cat "$CACHE/.failed.$s" 2>/dev/null || true)
+    if [[ -n $f && -s $f ]]; then
+      printf '\n----- %s: last 40 lines of %s -----\n' "$s" "$f" >&2
+      tail -n 40 "$f" >&2
+    fi
+    rm -f "$CACHE/.failed.$s"
+  done
+  SVC=services die "failed: ${failed[*]}"
+}
+
+lock() { exec 9>"$CACHE/.lock"; flock 9; }
+
+cmd=${1:-}
+[[ $# -gt 0 ]] && shift
+services=("$@")
+((${#services[@]})) || services=("${ALL_SERVICES[@]}")
+for s in "${services[@]}"; do
+  [[ " ${ALL_SERVICES[*]} " == *" $s "* ]] || { echo "unknown service: $s (one of: ${ALL_SERVICES[*]})" >&2; exit 2; }
+done
+
+case $cmd in
+  up)
+    mkdir -p "$CACHE"
+    lock
+    # RocketMQ refuses writes once its disk is over 90 % full, and Kafka/Postgres fail late.
+    read -r disk_pct disk_avail < <(df -Pk "$CACHE" | awk 'NR == 2 {sub("%", "", $5); print $5, int($4 / 1024)}')
+    if ((disk_pct >= 85 || disk_avail < 2048)); then
+      log "WARNING: the disk holding $CACHE is ${disk_pct}% full (${disk_avail} MiB free); brokers may refuse writes"
+    fi
+    ensure_packages "${services[@]}"
+    JAVA=
+    if [[ " ${services[*]} " == *" kafka "* || " ${services[*]} " == *" rocketmq "* ]]; then
+      find_java || die "no Java 17+ found"
+    fi
+    run_parallel up "${services[@]}"
+    log "all up: ${services[*]}"
+    print_env
+    ;;
+  down)
+    [[ -d $CACHE ]] || { echo "nothing to stop ($CACHE does not exist)"; exit 0; }
+    lock
+    run_parallel down "${services[@]}"
+    ;;
+  status)
+    rc=0
+    for s in "${services[@]}"; do
+      printf '%-9s' "$s"
+      "status_$s" || rc=1
+    done
+    exit $rc
+    ;;
+  env) print_env ;;
+  *)
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+    [[ -z $cmd || $cmd == -h || $cmd == --help || $cmd == help ]] || exit 2
+    ;;
+esac
