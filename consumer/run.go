@@ -12,7 +12,16 @@ import (
 // down gracefully (see the package doc) and closes src. Lanes (partitions) run
 // in parallel, each in order. It returns nil after a shutdown caused by ctx,
 // or the first Fetch error other than ctx's, after the same graceful shutdown.
+//
+// Before fetching, when src implements HorizonReporter, Run refuses to start
+// (returning an error wrapping dedup.ErrRetentionTooShort) if the store's
+// SucceededRetention is shorter than the broker's redelivery horizon; the
+// source is then closed.
 func (c *Consumer) Run(ctx context.Context, src Source) error {
+	if err := c.checkHorizon(ctx, src); err != nil {
+		_ = src.Close()
+		return err
+	}
 	// work outlives ctx by ShutdownGrace so in-flight handlers can finish.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
@@ -62,6 +71,32 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 		c.log.Warn("idemq: close source", "err", err)
 	}
 	return fetchErr
+}
+
+// HorizonReporter is implemented by sources that know their broker's
+// redelivery horizon (Kafka: the topic's retention.ms). A zero horizon means
+// unbounded or unknown: Run then logs a warning instead of refusing.
+type HorizonReporter interface {
+	RedeliveryHorizon(ctx context.Context) (time.Duration, error)
+}
+
+func (c *Consumer) checkHorizon(ctx context.Context, src Source) error {
+	hr, ok := src.(HorizonReporter)
+	if !ok {
+		return nil
+	}
+	h, err := hr.RedeliveryHorizon(ctx)
+	if err != nil {
+		return fmt.Errorf("idemq/consumer: redelivery horizon: %w", err)
+	}
+	if h == 0 {
+		c.log.Warn("idemq: broker redelivery horizon is unbounded; records expire after SucceededRetention", "retention", c.cfg.Store.Config().SucceededRetention)
+		return nil
+	}
+	if err := c.cfg.Store.ValidateRetention(h); err != nil {
+		return fmt.Errorf("idemq/consumer: %w", err)
+	}
+	return nil
 }
 
 // lane handles one lane's deliveries in order. After ctx ends it finishes

@@ -98,14 +98,14 @@ func (c Config) validate() error {
 // ErrRetentionTooShort is returned by ValidateRetention.
 var ErrRetentionTooShort = errors.New("idemq: retention shorter than the broker's redelivery horizon")
 
-// ValidateRetention refuses a SucceededRetention that is not longer than the
-// broker's redelivery horizon: a record purged before the broker stops
+// ValidateRetention refuses a SucceededRetention shorter than the broker's
+// redelivery horizon: a record purged before the broker stops
 // redelivering would let a late copy run again. Kafka's horizon is the topic's
 // retention.ms; RocketMQ's is the sum of the delay levels up to the max
 // reconsume times. The error names both numbers.
 func (s *Store) ValidateRetention(horizon time.Duration) error {
-	if s.cfg.SucceededRetention <= horizon {
-		return fmt.Errorf("%w: SucceededRetention %s <= broker redelivery horizon %s", ErrRetentionTooShort, s.cfg.SucceededRetention, horizon)
+	if s.cfg.SucceededRetention < horizon {
+		return fmt.Errorf("%w: SucceededRetention %s < broker redelivery horizon %s", ErrRetentionTooShort, s.cfg.SucceededRetention, horizon)
 	}
 	return nil
 }

@@ -72,6 +72,9 @@ func TestConfigValidation(t *testing.T) {
 	if err := s.ValidateRetention(8 * 24 * time.Hour); !errors.Is(err, ErrRetentionTooShort) {
 		t.Fatalf("retention 7d vs horizon 8d: %v", err)
 	}
+	if err := s.ValidateRetention(7 * 24 * time.Hour); err != nil { // Kafka's default retention.ms
+		t.Fatal(err)
+	}
 	if err := s.ValidateRetention(24 * time.Hour); err != nil {
 		t.Fatal(err)
 	}

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	composecli "github.com/compose-spec/compose-go/v2/cli"
+	"github.com/idemq/idemq/broker/kafkaadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5"
@@ -378,5 +381,69 @@ func TestKafkaAdapterNeverUsesReadMessage(t *testing.T) {
 		if strings.Contains(string(b), ".ReadMessage(") {
 			t.Fatalf("%s calls ReadMessage", f)
 		}
+	}
+}
+
+// DESIGN §9: a record retention shorter than the topic's retention.ms is
+// refused at start, naming both numbers.
+func TestKafkaRetentionShorterThanTopicRefused(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil) // SucceededRetention: 7 days
+	topic := randomName("idemq-test-")
+	cl := &kafka.Client{Addr: kafka.TCP(kafkaBrokers(t)...), Timeout: 10 * time.Second}
+	resp, err := cl.CreateTopics(e.ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1,
+		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: fmt.Sprint((30 * 24 * time.Hour).Milliseconds())}}}}})
+	if err != nil || resp.Errors[topic] != nil {
+		t.Fatalf("create topic: %v %v", err, resp)
+	}
+	c, err := consumer.New(consumer.Config{Scope: "g", Store: e.store, Handler: newApplier(e.appliesTable()).handler()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := kafkaadapter.NewSource(kafkaadapter.Config{Reader: readerConfig(t, randomName("g-"), topic)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Run(e.ctx, src)
+	if !errors.Is(err, dedup.ErrRetentionTooShort) || !strings.Contains(err.Error(), "168h0m0s") || !strings.Contains(err.Error(), "720h0m0s") {
+		t.Fatalf("Run = %v, want ErrRetentionTooShort naming 168h and 720h", err)
+	}
+}
+
+// docker-compose.yml runs the same services for Docker users: it must load
+// under the Compose specification (compose-go, the loader docker compose
+// uses) with the same services and loopback ports as scripts/services.sh, and,
+// when the docker compose client is installed, `docker compose config` must
+// accept it too.
+func TestDockerComposeFileIsValid(t *testing.T) {
+	opts, err := composecli.NewProjectOptions([]string{"../docker-compose.yml"}, composecli.WithName("idemq"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := opts.LoadProject(context.Background())
+	if err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	published := map[string]bool{}
+	for _, s := range p.Services {
+		for _, port := range s.Ports {
+			published[port.Published] = true
+			if port.HostIP != "127.0.0.1" {
+				t.Errorf("service %s publishes %s on %q, want 127.0.0.1", s.Name, port.Published, port.HostIP)
+			}
+		}
+	}
+	for _, port := range []string{"5432", "6379", "9092", "9876", "10911"} {
+		if !published[port] {
+			t.Errorf("docker-compose.yml publishes no service on %s (services.sh does)", port)
+		}
+	}
+	if err := exec.Command("docker", "compose", "version").Run(); err != nil {
+		t.Logf("docker compose client not installed (%v): validated with compose-go only", err)
+		return
+	}
+	out, err := exec.Command("docker", "compose", "-f", "../docker-compose.yml", "config", "--quiet").CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker compose config: %v\n%s", err, out)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -115,4 +116,36 @@ func GroupLag(ctx context.Context, brokers []string, group, topic string) (int64
 		}
 	}
 	return lag, nil
+}
+
+// TopicRetention returns the topic's retention.ms as a duration: how far
+// back a consumer group can be made to replay, and so the redelivery horizon
+// that dedup retention must cover (DESIGN §9). It returns (0, nil) for
+// retention.ms = -1 (unbounded), which no record retention can cover.
+func TopicRetention(ctx context.Context, brokers []string, topic string) (time.Duration, error) {
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	resp, err := cl.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+		ResourceType: kafka.ResourceTypeTopic, ResourceName: topic, ConfigNames: []string{"retention.ms"}}}})
+	if err != nil {
+		return 0, fmt.Errorf("idemq/kafkaadapter: describe %s: %w", topic, err)
+	}
+	for _, r := range resp.Resources {
+		if r.Error != nil {
+			return 0, fmt.Errorf("idemq/kafkaadapter: describe %s: %w", topic, r.Error)
+		}
+		for _, c := range r.ConfigEntries {
+			if c.ConfigName != "retention.ms" {
+				continue
+			}
+			ms, err := strconv.ParseInt(c.ConfigValue, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("idemq/kafkaadapter: %s retention.ms %q: %w", topic, c.ConfigValue, err)
+			}
+			if ms < 0 {
+				return 0, nil
+			}
+			return time.Duration(ms) * time.Millisecond, nil
+		}
+	}
+	return 0, fmt.Errorf("idemq/kafkaadapter: %s has no retention.ms", topic)
 }

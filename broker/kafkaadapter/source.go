@@ -64,6 +64,28 @@ func NewSource(cfg Config) (*Source, error) {
 	return &Source{r: kafka.NewReader(rc), hdr: hdr}, nil
 }
 
+// RedeliveryHorizon implements consumer.HorizonReporter: the largest
+// retention.ms of the Reader's topics (0 when one is unbounded, -1).
+func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
+	cfg := s.r.Config()
+	topics := cfg.GroupTopics
+	if cfg.Topic != "" {
+		topics = append([]string{cfg.Topic}, topics...)
+	}
+	var horizon time.Duration
+	for _, t := range topics {
+		d, err := TopicRetention(ctx, cfg.Brokers, t)
+		if err != nil {
+			return 0, err
+		}
+		if d == 0 {
+			return 0, nil
+		}
+		horizon = max(horizon, d)
+	}
+	return horizon, nil
+}
+
 // Reader returns the underlying kafka-go Reader (for Stats, Lag).
 func (s *Source) Reader() *kafka.Reader { return s.r }
 
