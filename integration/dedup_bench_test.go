@@ -1,0 +1,91 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/jackc/pgx/v5"
+)
+
+// BenchmarkDedupOverhead measures what atomic mode costs per message against
+// a ceiling measured in the same run: the same handler write in a plain
+// transaction (begin, insert, commit) with no consumption record. Sub-benchmarks:
+//
+//   - ceiling=plain-tx: the handler's insert alone;
+//   - process-new: Store.Process of a new message (claim, insert, mark, commit);
+//   - process-duplicate: Store.Process of a message that already succeeded
+//     (claim conflict, locked read, rollback; the handler does not run).
+//
+// Each reports msgs/s and, for the idemq cases, "x-ceiling": its time per
+// message divided by the ceiling's from the same run.
+//
+//	make bench   (or: go test -run '^$' -bench DedupOverhead ./integration)
+func BenchmarkDedupOverhead(b *testing.B) {
+	e := setup(b, nil)
+	tbl := e.table("bench_payments")
+	e.exec(`create table ` + tbl + ` (payment_id text primary key, amount bigint not null)`)
+	insert := func(ctx context.Context, tx pgx.Tx, id string) error {
+		_, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ($1, 100)`, id)
+		return err
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		return insert(ctx, tx, m.Identity.MessageID)
+	}
+	var ceiling time.Duration
+	perMsg := func(b *testing.B, d time.Duration) time.Duration {
+		per := d / time.Duration(b.N)
+		b.ReportMetric(float64(b.N)/d.Seconds(), "msgs/s")
+		return per
+	}
+
+	b.Run("ceiling=plain-tx", func(b *testing.B) {
+		start := time.Now()
+		for i := range b.N {
+			id := fmt.Sprintf("plain-%d-%d", b.N, i)
+			if err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error { return insert(e.ctx, tx, id) }); err != nil {
+				b.Fatal(err)
+			}
+		}
+		ceiling = perMsg(b, time.Since(start))
+	})
+	b.Run("process-new", func(b *testing.B) {
+		start := time.Now()
+		for i := range b.N {
+			res, err := e.store.Process(e.ctx, benchMsg(b, fmt.Sprintf("new-%d-%d", b.N, i)), handler)
+			if err != nil || res.Outcome != dedup.OutcomeProcessed {
+				b.Fatalf("%+v %v", res, err)
+			}
+		}
+		if per := perMsg(b, time.Since(start)); ceiling > 0 {
+			b.ReportMetric(float64(per)/float64(ceiling), "x-ceiling")
+		}
+	})
+	b.Run("process-duplicate", func(b *testing.B) {
+		m := benchMsg(b, fmt.Sprintf("dup-%d", b.N))
+		if _, err := e.store.Process(e.ctx, m, handler); err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		start := time.Now()
+		for range b.N {
+			res, err := e.store.Process(e.ctx, benchMsg(b, m.Identity.MessageID), handler)
+			if err != nil || res.Outcome != dedup.OutcomeDuplicate {
+				b.Fatalf("%+v %v", res, err)
+			}
+		}
+		if per := perMsg(b, time.Since(start)); ceiling > 0 {
+			b.ReportMetric(float64(per)/float64(ceiling), "x-ceiling")
+		}
+	})
+}
+
+func benchMsg(b *testing.B, id string) *dedup.Message {
+	ident, err := dedup.NewIdentity("bench", id, "", "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &dedup.Message{Identity: ident, Payload: []byte(`{"amount":100}`), Topic: "bench"}
+}
