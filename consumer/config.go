@@ -24,9 +24,15 @@ type Config struct {
 	Scope string
 	// Store holds consumption records and dead letters. Required.
 	Store *dedup.Store
-	// Handler is the business logic, run inside the record's transaction.
-	// Required.
+	// Handler is the business logic, run inside the record's transaction
+	// (atomic mode). Exactly one of Handler and LeaseHandler is required.
 	Handler dedup.Handler
+	// LeaseHandler is business logic with side effects outside the database,
+	// run in lease mode (owner token, fence, heartbeat; see dedup.Lease).
+	LeaseHandler dedup.LeaseHandler
+	// Lease configures lease mode (TTL default 30s, heartbeat TTL/3). Used
+	// only with LeaseHandler.
+	Lease dedup.LeaseOptions
 	// BusinessKey extracts the business key. Default nil: no business key,
 	// dedup by message ID only. idemq never uses the broker record key as a
 	// business key by default (it is a partitioning key).
@@ -95,8 +101,8 @@ func (c Config) validate() error {
 	switch {
 	case c.Store == nil:
 		return fmt.Errorf("%w: Store is required", ErrInvalidConfig)
-	case c.Handler == nil:
-		return fmt.Errorf("%w: Handler is required", ErrInvalidConfig)
+	case (c.Handler == nil) == (c.LeaseHandler == nil):
+		return fmt.Errorf("%w: exactly one of Handler and LeaseHandler is required", ErrInvalidConfig)
 	case c.RetryInitial < 0 || c.RetryMax < c.RetryInitial:
 		return fmt.Errorf("%w: RetryInitial %s and RetryMax %s must satisfy 0 <= RetryInitial <= RetryMax", ErrInvalidConfig, c.RetryInitial, c.RetryMax)
 	case c.CommitEvery < 1:
@@ -105,6 +111,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: CommitInterval %s must be at least 1ms", ErrInvalidConfig, c.CommitInterval)
 	case c.LaneBuffer < 1:
 		return fmt.Errorf("%w: LaneBuffer %d must be at least 1", ErrInvalidConfig, c.LaneBuffer)
+	case c.LeaseHandler != nil && c.Lease.ValidateUnder(0) != nil:
+		return fmt.Errorf("%w: Lease: %v", ErrInvalidConfig, c.Lease.ValidateUnder(0))
 	case c.ShutdownGrace < 0:
 		return fmt.Errorf("%w: ShutdownGrace %s must not be negative", ErrInvalidConfig, c.ShutdownGrace)
 	}

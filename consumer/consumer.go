@@ -95,6 +95,8 @@ func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error)
 	case bkErr != nil:
 		reason = dedup.ReasonBadInput
 		res, err = c.cfg.Store.Reject(ctx, msg, reason, fmt.Errorf("business key: %w", bkErr))
+	case c.cfg.LeaseHandler != nil:
+		res, err = c.cfg.Store.ProcessLeased(ctx, msg, c.cfg.LeaseHandler, c.cfg.Lease)
 	default:
 		res, err = c.cfg.Store.Process(ctx, msg, c.cfg.Handler)
 	}

@@ -39,6 +39,18 @@
 // FAILED_FINAL mark writes a dead-letter row in the same transaction. Records
 // are never deleted while live; failures are marked, so redelivery is safe.
 //
+// # Lease mode
+//
+// For side effects that cannot join the transaction (an HTTP call to a
+// payment provider), [Store.ProcessLeased] commits the claim first with an
+// owner token, a fence and a deadline in database time, extends it with a
+// heartbeat while the [LeaseHandler] runs, and completes or fails the record
+// only if the token and fence still match. A copy that finds a live lease is
+// not acked ([ErrLeaseHeld]); one that finds an expired lease takes over and
+// bumps the fence, and the stale owner's completion is refused with
+// [ErrFenced] ([OutcomeFenced], not acked). Handlers pass
+// [Lease.IdempotencyKey] (and the fence) downstream.
+//
 // # States
 //
 //	(none) ──claim──▶ PROCESSING ──handler ok──▶ SUCCEEDED

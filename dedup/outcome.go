@@ -39,11 +39,16 @@ const (
 	// attempt, or the input was bad; record FAILED_FINAL plus a dead-letter
 	// row, committed together. Ack.
 	OutcomeDeadLetter Outcome = "dead_letter"
+
+	// OutcomeFenced: lease mode only; this owner's lease was taken over
+	// (ErrFenced) and its completion or failure mark was refused. Do not ack:
+	// the new owner's outcome decides.
+	OutcomeFenced Outcome = "fenced"
 )
 
 // Acked reports whether the broker may be acknowledged for this outcome:
-// everything but OutcomeRetry.
-func (o Outcome) Acked() bool { return o != OutcomeRetry }
+// everything but OutcomeRetry and OutcomeFenced.
+func (o Outcome) Acked() bool { return o != OutcomeRetry && o != OutcomeFenced }
 
 // Dead-letter reasons (column reason of the dead-letter table).
 const (

@@ -13,6 +13,8 @@ type queries struct {
 	records, deadLetters string // quoted, schema-qualified
 
 	insertSQL, lockSQL, reclaimSQL, succeededSQL, failedSQL, deadLetterSQL string
+
+	leaseInsertSQL, leaseLockSQL, leaseTakeSQL, leaseBeatSQL, leaseDoneSQL, leaseFailSQL string
 }
 
 func newQueries(cfg Config) queries {
@@ -56,7 +58,59 @@ where id = $1`
 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 on conflict (scope, message_id, reason, fingerprint) where redriven_at is null do nothing
 returning id`
+	q.leaseSQL()
 	return q
+}
+
+// leaseSQL builds lease mode's statements. Every deadline is computed from
+// the database's now(), never the application clock (S14).
+func (q *queries) leaseSQL() {
+	q.leaseInsertSQL = `insert into ` + q.records + `
+  (scope, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts, source, reconsume_times,
+   owner_token, fence, lease_until)
+values ($1, $2, $3, $4, $5, 'PROCESSING', 1, $6, $7, $8, 1, now() + make_interval(secs => $9::float8))
+on conflict do nothing
+returning id`
+	q.leaseLockSQL = `select id, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts,
+  coalesce(lease_until > now(), false)
+from ` + q.records + `
+where scope = $1 and (message_id = $2 or ($3 <> '' and business_key = $3))
+order by (message_id = $2) desc
+limit 1
+for update`
+	q.leaseTakeSQL = `update ` + q.records + `
+set status = 'PROCESSING', attempts = attempts + 1, fence = fence + 1, owner_token = $2,
+    lease_until = now() + make_interval(secs => $3::float8), source = $4, reconsume_times = $5, updated_at = now()
+where id = $1
+returning attempts, fence`
+	q.leaseBeatSQL = `update ` + q.records + `
+set lease_until = now() + make_interval(secs => $4::float8), updated_at = now()
+where id = $1 and owner_token = $2 and fence = $3 and status = 'PROCESSING'`
+	q.leaseDoneSQL = `update ` + q.records + `
+set status = 'SUCCEEDED', owner_token = null, lease_until = null, updated_at = now(),
+    expires_at = now() + make_interval(secs => $4::float8)
+where id = $1 and owner_token = $2 and fence = $3 and status = 'PROCESSING'`
+	q.leaseFailSQL = `update ` + q.records + `
+set status = $4, last_error = $5, last_error_class = $6, owner_token = null, lease_until = null, updated_at = now(),
+    expires_at = now() + make_interval(secs => $7::float8)
+where id = $1 and owner_token = $2 and fence = $3 and status = 'PROCESSING'`
+}
+
+// lockLease is lock plus whether the record's lease is live in database time.
+func (q *queries) lockLease(ctx context.Context, tx pgx.Tx, id Identity) (*record, bool, error) {
+	var r record
+	var status string
+	var live bool
+	err := tx.QueryRow(ctx, q.leaseLockSQL, id.Scope, id.MessageID, id.BusinessKey).
+		Scan(&r.id, &r.messageID, &r.businessKey, &r.fingerprint, &r.keyID, &status, &r.attempts, &live)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("idemq: lock record %s: %w", id, err)
+	}
+	r.status = Status(status)
+	return &r, live, nil
 }
 
 // insert returns the new row's id, or 0 when a unique key already exists.

@@ -1,0 +1,273 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Lease mode (DESIGN §4.3) is for handlers whose side effects cannot join
+// the Postgres transaction: an HTTP call to a payment provider, an e-mail.
+// The claim commits PROCESSING with an owner token, a fence and a deadline
+// (lease_until, in database time); a heartbeat extends it; completion and
+// failure are conditional on the owner token and fence. A copy that finds a
+// live lease is not acked (OutcomeRetry); a copy that finds an expired lease
+// takes over, bumping the fence and rotating the token, after which the
+// stale owner's completion fails with ErrFenced (OutcomeFenced, not acked).
+
+// Lease is the claim one handler execution holds in lease mode. Handlers get
+// it from LeaseFromContext and pass Identity and Fence downstream as the
+// idempotency key, so a provider can refuse a stale owner.
+type Lease struct {
+	// Identity is the delivery's dedup identity.
+	Identity Identity
+	// OwnerToken is a fresh UUID per claim or takeover.
+	OwnerToken uuid.UUID
+	// Fence grows by one at every claim or takeover of the record: 1 for the
+	// first owner.
+	Fence int64
+	// Attempt is the record's attempts count for this execution.
+	Attempt int
+}
+
+// IdempotencyKey is the key to send to a downstream system with the side
+// effect: the identity's string form, stable across takeovers (the fence is
+// not part of it, so a takeover repeats the same downstream request).
+func (l Lease) IdempotencyKey() string { return l.Identity.String() }
+
+type leaseCtxKey struct{}
+
+// LeaseFromContext returns the lease of the running lease-mode handler.
+func LeaseFromContext(ctx context.Context) (Lease, bool) {
+	l, ok := ctx.Value(leaseCtxKey{}).(Lease)
+	return l, ok
+}
+
+// LeaseHandler is a lease-mode handler. It runs outside any transaction;
+// ctx carries its Lease and is canceled (cause ErrFenced) if a heartbeat
+// finds the lease lost. Return values mean what they mean for Handler.
+type LeaseHandler func(ctx context.Context, msg *Message) error
+
+// LeaseOptions configure lease mode.
+type LeaseOptions struct {
+	// TTL is how long a claim or heartbeat keeps the lease, in database time.
+	// Default 30s; at least 1s. It must fit under the broker's own
+	// redelivery timer (see ValidateUnder).
+	TTL time.Duration
+	// Heartbeat is how often the lease is extended while the handler runs.
+	// Default TTL/3; negative disables heartbeats (the lease then lasts TTL).
+	Heartbeat time.Duration
+}
+
+func (o LeaseOptions) withDefaults() LeaseOptions {
+	if o.TTL == 0 {
+		o.TTL = 30 * time.Second
+	}
+	if o.Heartbeat == 0 {
+		o.Heartbeat = o.TTL / 3
+	}
+	return o
+}
+
+// ValidateUnder refuses a lease TTL that does not fit under the broker's
+// redelivery timer (RocketMQ ConsumeTimeout, Kafka session timeout): the
+// broker would hand the message to another consumer while the lease still
+// blocks it. The error names both numbers and wraps ErrInvalidConfig.
+func (o LeaseOptions) ValidateUnder(brokerTimer time.Duration) error {
+	o = o.withDefaults()
+	if o.TTL < time.Second {
+		return fmt.Errorf("%w: lease TTL %s must be at least 1s", ErrInvalidConfig, o.TTL)
+	}
+	if brokerTimer > 0 && o.TTL >= brokerTimer {
+		return fmt.Errorf("%w: lease TTL %s must be shorter than the broker's redelivery timer %s", ErrInvalidConfig, o.TTL, brokerTimer)
+	}
+	return nil
+}
+
+// ErrFenced is returned (as Result.Err of OutcomeFenced) when a lease-mode
+// completion or failure mark finds the record taken over by another owner.
+// The delivery must not be acked.
+var ErrFenced = errors.New("idemq: fenced: the lease was taken over by another owner")
+
+// ErrLeaseHeld is Result.Err of OutcomeRetry when another owner holds a live
+// lease on the record.
+var ErrLeaseHeld = errors.New("idemq: a live lease is held by another owner")
+
+// ProcessLeased runs h for msg in lease mode (see the Lease type). Results
+// and errors mean what they mean for Process, plus OutcomeFenced.
+func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler, opt LeaseOptions) (Result, error) {
+	if msg == nil || h == nil {
+		return Result{}, errors.New("idemq: ProcessLeased: nil message or handler")
+	}
+	opt = opt.withDefaults()
+	if err := opt.ValidateUnder(0); err != nil {
+		return Result{}, err
+	}
+	sum, keyID, err := s.fp.Sum(msg.Payload)
+	if err != nil {
+		return s.Reject(ctx, msg, ReasonBadInput, err)
+	}
+	lease, rowID, res, err := s.claimLease(ctx, msg, sum, keyID, opt.TTL)
+	if err != nil || rowID == 0 {
+		return res, err
+	}
+	msg.Attempt = lease.Attempt
+
+	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseCtxKey{}, lease))
+	stopBeat := make(chan struct{})
+	beatDone := make(chan struct{})
+	go func() {
+		defer close(beatDone)
+		s.heartbeat(hctx, cancel, rowID, lease, opt, stopBeat)
+	}()
+	herr := runLeased(hctx, msg, h)
+	close(stopBeat)
+	<-beatDone
+	lost := errors.Is(context.Cause(hctx), ErrFenced)
+	cancel(nil)
+
+	res = Result{HandlerCalled: true, Attempts: lease.Attempt}
+	if lost {
+		res.Outcome, res.Err, res.Status = OutcomeFenced, ErrFenced, StatusProcessing
+		return res, nil
+	}
+	if herr == nil {
+		return s.completeLease(ctx, rowID, lease, res)
+	}
+	if ctx.Err() != nil {
+		herr = fmt.Errorf("interrupted by shutdown: %w", errors.Join(ctx.Err(), herr))
+	}
+	return s.failLease(ctx, msg, sum, rowID, lease, herr, res)
+}
+
+func runLeased(ctx context.Context, msg *Message, h LeaseHandler) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v}
+		}
+	}()
+	return h(ctx, msg)
+}
+
+// claimLease commits a PROCESSING record owned by a fresh token, or decides
+// the delivery without running the handler (rowID 0).
+func (s *Store) claimLease(ctx context.Context, msg *Message, sum []byte, keyID string, ttl time.Duration) (Lease, int64, Result, error) {
+	lease := Lease{Identity: msg.Identity, OwnerToken: uuid.New(), Fence: 1, Attempt: 1}
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return lease, 0, Result{}, fmt.Errorf("idemq: begin lease claim: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	id := msg.Identity
+	var rowID int64
+	err = tx.QueryRow(ctx, s.q.leaseInsertSQL, id.Scope, id.MessageID, id.BusinessKey, sum, keyID,
+		clip(msg.Source, 1024), msg.ReconsumeTimes, lease.OwnerToken, ttl.Seconds()).Scan(&rowID)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return lease, 0, Result{}, fmt.Errorf("idemq: lease claim %s: %w", id, err)
+	}
+	if rowID == 0 {
+		rec, live, err := s.q.lockLease(ctx, tx, id)
+		if err != nil {
+			return lease, 0, Result{}, err
+		}
+		if rec == nil {
+			return lease, 0, Result{}, fmt.Errorf("idemq: lease claim %s: record vanished", id)
+		}
+		res, run, err := s.decide(ctx, tx, msg, sum, keyID, rec)
+		if err != nil {
+			return lease, 0, Result{}, err
+		}
+		if rec.status == StatusProcessing && res.Outcome != OutcomeConflict {
+			if live {
+				res.Outcome, res.Err = OutcomeRetry, ErrLeaseHeld
+				return lease, 0, res, nil
+			}
+			run = true // expired lease: take over
+		}
+		if !run {
+			return lease, 0, res, commit(ctx, tx)
+		}
+		rowID = rec.id
+		if err := tx.QueryRow(ctx, s.q.leaseTakeSQL, rowID, lease.OwnerToken, ttl.Seconds(), clip(msg.Source, 1024), msg.ReconsumeTimes).
+			Scan(&lease.Attempt, &lease.Fence); err != nil {
+			return lease, 0, Result{}, fmt.Errorf("idemq: lease takeover %s: %w", id, err)
+		}
+	}
+	return lease, rowID, Result{}, commit(ctx, tx)
+}
+
+// heartbeat extends the lease every opt.Heartbeat until stop; when the lease
+// is found lost it cancels the handler's context with ErrFenced.
+func (s *Store) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, rowID int64, l Lease, opt LeaseOptions, stop <-chan struct{}) {
+	if opt.Heartbeat < 0 {
+		<-stop
+		return
+	}
+	t := time.NewTicker(opt.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		tag, err := s.pool.Exec(ctx, s.q.leaseBeatSQL, rowID, l.OwnerToken, l.Fence, opt.TTL.Seconds())
+		if err == nil && tag.RowsAffected() == 0 {
+			cancel(ErrFenced)
+			return
+		}
+		if err != nil {
+			s.cfg.Logger.Warn("idemq: lease heartbeat failed", "identity", l.Identity.String(), "err", err)
+		}
+	}
+}
+
+func (s *Store) completeLease(ctx context.Context, rowID int64, l Lease, res Result) (Result, error) {
+	ctx = context.WithoutCancel(ctx)
+	tag, err := s.pool.Exec(ctx, s.q.leaseDoneSQL, rowID, l.OwnerToken, l.Fence, *s.expiry(StatusSucceeded))
+	if err != nil {
+		return Result{}, fmt.Errorf("idemq: lease complete %s: %w", l.Identity, err)
+	}
+	if tag.RowsAffected() == 0 {
+		res.Outcome, res.Err, res.Status = OutcomeFenced, ErrFenced, StatusProcessing
+		return res, nil
+	}
+	res.Outcome, res.Status = OutcomeProcessed, StatusSucceeded
+	return res, nil
+}
+
+func (s *Store) failLease(ctx context.Context, msg *Message, sum []byte, rowID int64, l Lease, herr error, res Result) (Result, error) {
+	ctx = context.WithoutCancel(ctx)
+	status := StatusFailedRetryable
+	reason := ReasonAttemptsExhausted
+	if IsPermanent(herr) {
+		status, reason = StatusFailedFinal, ReasonPermanentError
+	} else if l.Attempt >= s.cfg.MaxAttempts {
+		status = StatusFailedFinal
+	}
+	res.Err, res.Status, res.Outcome = herr, status, OutcomeRetry
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, s.q.leaseFailSQL, rowID, l.OwnerToken, l.Fence, string(status),
+			clip(herr.Error(), s.cfg.MaxErrorBytes), ErrorClass(herr), s.expiry(status))
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			res.Outcome, res.Err, res.Status = OutcomeFenced, ErrFenced, StatusProcessing
+			return nil
+		}
+		if status == StatusFailedFinal {
+			res.Outcome = OutcomeDeadLetter
+			res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, herr, l.Attempt, s.cfg.MaxErrorBytes)
+		}
+		return err
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("idemq: lease mark failed %s: %w", l.Identity, err)
+	}
+	return res, nil
+}
