@@ -37,6 +37,9 @@ type Config struct {
 	FailedFinalRetention time.Duration
 	// Logger receives debug lines for claims and marks. Default slog.Default().
 	Logger *slog.Logger
+	// FastPath, when set, answers duplicates of SUCCEEDED records without
+	// Postgres (e.g. redisfast.New). Default nil: Postgres only.
+	FastPath FastPath
 }
 
 var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)

@@ -111,6 +111,9 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler,
 	if err != nil {
 		return s.Reject(ctx, msg, ReasonBadInput, err)
 	}
+	if res, hit := s.fastLookup(ctx, msg); hit {
+		return res, nil
+	}
 	lease, rowID, res, err := s.claimLease(ctx, msg, sum, keyID, opt.TTL)
 	if err != nil || rowID == 0 {
 		return res, err
@@ -136,7 +139,11 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler,
 		return res, nil
 	}
 	if herr == nil {
-		return s.completeLease(ctx, rowID, lease, res)
+		res, err := s.completeLease(ctx, rowID, lease, res)
+		if err == nil && res.Outcome == OutcomeProcessed {
+			s.fastRemember(ctx, msg.Identity, sum, keyID)
+		}
+		return res, err
 	}
 	if ctx.Err() != nil {
 		herr = fmt.Errorf("interrupted by shutdown: %w", errors.Join(ctx.Err(), herr))

@@ -31,6 +31,7 @@ type Store struct {
 	cfg  Config
 	fp   *Fingerprinter
 	q    queries
+	fast fastPathStats
 }
 
 // NewStore validates cfg and returns a Store on pool. It does not touch the
@@ -71,7 +72,13 @@ func (s *Store) Process(ctx context.Context, msg *Message, h Handler) (Result, e
 	if err != nil {
 		return s.Reject(ctx, msg, ReasonBadInput, err)
 	}
+	if res, hit := s.fastLookup(ctx, msg); hit {
+		return res, nil
+	}
 	res, herr, err := s.claimAndRun(ctx, msg, sum, keyID, h)
+	if err == nil && res.Status == StatusSucceeded && (res.Outcome == OutcomeProcessed || res.Outcome == OutcomeDuplicate) {
+		s.fastRemember(ctx, msg.Identity, sum, keyID)
+	}
 	if err != nil || herr == nil {
 		return res, err
 	}

@@ -57,12 +57,13 @@ type paymentsProc struct {
 	events string
 }
 
-func startPayments(t testing.TB, bin, topic, group, schema string, crashAfter int) *paymentsProc {
+func startPayments(t testing.TB, bin, topic, group, schema string, crashAfter int, extra ...string) *paymentsProc {
 	t.Helper()
 	events := filepath.Join(t.TempDir(), "events.jsonl")
-	cmd := exec.Command(bin, "consume", "-topic", topic, "-group", group, "-schema", schema,
+	args := append([]string{"consume", "-topic", topic, "-group", group, "-schema", schema,
 		"-brokers", strings.Join(kafkaBrokers(t), ","), "-dsn", postgresDSN(t),
-		"-events", events, "-crash-after", fmt.Sprint(crashAfter), "-commit-every", "3")
+		"-events", events, "-crash-after", fmt.Sprint(crashAfter), "-commit-every", "3"}, extra...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -165,35 +166,56 @@ func lagOf(t testing.TB, group, topic string) int64 {
 
 // S09 (Kafka): the consumer process is SIGKILLed after the transaction of
 // m-300 commits and before the offset commit; after a restart in the same
-// group m-300 is redelivered and acked with 0 handler calls.
+// group m-300 is redelivered and acked with 0 handler calls. Variants run
+// with the Redis fast path, kept or flushed before the restart.
 func TestS09KafkaCrashAfterCommitBeforeAck(t *testing.T) {
 	t.Parallel()
-	bin := buildExample(t, "github.com/idemq/idemq/examples/payments")
-	e := setup(t, nil)
-	topic, group := newTopic(t, 1), randomName("g-")
-	producePayments(t, topic, []payment{{PaymentID: "p-300", Account: "acct-1", Amount: 300}}, []string{"m-300"})
+	for _, variant := range []string{"postgres-only", "redis-kept", "redis-flushed"} {
+		t.Run(variant, func(t *testing.T) {
+			t.Parallel()
+			bin := buildExample(t, "github.com/idemq/idemq/examples/payments")
+			e := setup(t, nil)
+			topic, group := newTopic(t, 1), randomName("g-")
+			var extra []string
+			prefix := randomName("s09-")
+			if variant != "postgres-only" {
+				extra = []string{"-redis", redisAddress(t), "-redis-prefix", prefix}
+			}
+			producePayments(t, topic, []payment{{PaymentID: "p-300", Account: "acct-1", Amount: 300}}, []string{"m-300"})
 
-	first := startPayments(t, bin, topic, group, e.schema, 1)
-	first.waitKilled(t)
-	if n := e.count(`select count(*) from ` + e.table("payments") + ` where payment_id = 'p-300'`); n != 1 {
-		t.Fatalf("payment rows after the crash = %d, want 1 (committed before the kill)", n)
-	}
-	if lag := lagOf(t, group, topic); lag != 1 {
-		t.Fatalf("group lag after the crash = %d, want 1 (offset not committed)", lag)
-	}
+			first := startPayments(t, bin, topic, group, e.schema, 1, extra...)
+			first.waitKilled(t)
+			if n := e.count(`select count(*) from ` + e.table("payments") + ` where payment_id = 'p-300'`); n != 1 {
+				t.Fatalf("payment rows after the crash = %d, want 1 (committed before the kill)", n)
+			}
+			if lag := lagOf(t, group, topic); lag != 1 {
+				t.Fatalf("group lag after the crash = %d, want 1 (offset not committed)", lag)
+			}
+			if variant == "redis-flushed" {
+				rc := redisClient(t)
+				keys, err := rc.Keys(e.ctx, prefix+":*").Result()
+				if err != nil || len(keys) == 0 {
+					t.Fatalf("fast-path keys before the flush: %v %v", keys, err)
+				}
+				if err := rc.Del(e.ctx, keys...).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
 
-	second := startPayments(t, bin, topic, group, e.schema, 0)
-	waitCaughtUp(t, group, topic)
-	second.stop(t)
-	ev := second.eventCounts(t)
-	if ev["handler"] != 0 || ev["duplicate:message_id"] != 1 {
-		t.Fatalf("after restart: events %v, want 0 handler calls and 1 duplicate by message ID", ev)
-	}
-	if n := e.count(`select count(*) from ` + e.table("payments")); n != 1 {
-		t.Fatalf("payment rows = %d, want 1", n)
-	}
-	if r := e.record(group, "m-300"); r.Attempts != 1 {
-		t.Fatalf("record attempts = %d, want 1", r.Attempts)
+			second := startPayments(t, bin, topic, group, e.schema, 0, extra...)
+			waitCaughtUp(t, group, topic)
+			second.stop(t)
+			ev := second.eventCounts(t)
+			if ev["handler"] != 0 || ev["duplicate:message_id"] != 1 {
+				t.Fatalf("after restart: events %v, want 0 handler calls and 1 duplicate by message ID", ev)
+			}
+			if n := e.count(`select count(*) from ` + e.table("payments")); n != 1 {
+				t.Fatalf("payment rows = %d, want 1", n)
+			}
+			if r := e.record(group, "m-300"); r.Attempts != 1 || r.Status != "SUCCEEDED" {
+				t.Fatalf("record = %+v, want SUCCEEDED attempts 1", r)
+			}
+		})
 	}
 }
 

@@ -15,8 +15,10 @@ import (
 	"github.com/idemq/idemq/broker/kafkaadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/redisfast"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -174,6 +176,8 @@ func runConsume(ctx context.Context, args []string) error {
 	commitEvery := fs.Int("commit-every", 5, "offset commit batch size")
 	eventsPath := fs.String("events", "", "append JSON event lines to this file")
 	maxAttempts := fs.Int("max-attempts", 5, "handler attempts before a dead letter")
+	redisAddr := fs.String("redis", "", "Redis address for the dedup fast path (empty: Postgres only)")
+	redisPrefix := fs.String("redis-prefix", "idemq", "key prefix of the fast path")
 	_ = fs.Parse(args)
 	ep.brokers = splitBrokers(*brokers)
 
@@ -201,7 +205,15 @@ func runConsume(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	store, err := dedup.NewStore(pool, dedup.Config{Schema: *schema, Fingerprinter: fp, MaxAttempts: *maxAttempts, Logger: log})
+	cfg := dedup.Config{Schema: *schema, Fingerprinter: fp, MaxAttempts: *maxAttempts, Logger: log}
+	if *redisAddr != "" {
+		rc := redis.NewClient(&redis.Options{Addr: *redisAddr})
+		defer rc.Close()
+		if cfg.FastPath, err = redisfast.New(redisfast.Config{Client: rc, Prefix: *redisPrefix}); err != nil {
+			return err
+		}
+	}
+	store, err := dedup.NewStore(pool, cfg)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,148 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/redisfast"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+func redisClient(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: redisAddress(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redis at %s: %v", redisAddress(t), err)
+	}
+	return c
+}
+
+// setupFast is setup with a Redis fast path on a fresh key prefix.
+func setupFast(t testing.TB, client *redis.Client) (*env, *redisfast.FastPath) {
+	t.Helper()
+	fp, err := redisfast.New(redisfast.Config{Client: client, Prefix: randomName("fp-"), Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return setup(t, func(c *dedup.Config) { c.FastPath = fp }), fp
+}
+
+// Duplicates of SUCCEEDED records are answered by Redis; a conflicting
+// payload is not, and still reaches the dead-letter path in Postgres.
+func TestRedisFastPathHitsAndConflicts(t *testing.T) {
+	t.Parallel()
+	e, _ := setupFast(t, redisClient(t))
+	tbl := e.paymentsTable()
+	s := &spy{table: tbl}
+	if res, err := e.store.Process(e.ctx, msg(t, "payments", "m-1", "pay-1", "40.00"), s.handle); err != nil || res.Outcome != dedup.OutcomeProcessed {
+		t.Fatalf("first: %+v %v", res, err)
+	}
+	for _, copyOf := range []struct {
+		id, bk string
+		by     dedup.MatchedBy
+	}{{"m-1", "pay-1", dedup.ByMessageID}, {"m-1-resend", "pay-1", dedup.ByBusinessKey}} {
+		res, err := e.store.Process(e.ctx, msg(t, "payments", copyOf.id, copyOf.bk, "40.00"), s.handle)
+		if err != nil || res.Outcome != dedup.OutcomeDuplicate || res.MatchedBy != copyOf.by {
+			t.Fatalf("copy %s: %+v %v", copyOf.id, res, err)
+		}
+	}
+	hits, _, errs := e.store.FastPathStats()
+	if hits != 2 || errs != 0 {
+		t.Fatalf("fast path hits %d errors %d, want 2 and 0", hits, errs)
+	}
+	res, err := e.store.Process(e.ctx, msg(t, "payments", "m-1", "pay-1", "45.00"), s.handle)
+	if err != nil || res.Outcome != dedup.OutcomeConflict || len(e.deadLetters("payments")) != 1 {
+		t.Fatalf("conflict through the fast path: %+v %v", res, err)
+	}
+	if s.calls.Load() != 1 {
+		t.Fatalf("handler calls = %d, want 1", s.calls.Load())
+	}
+}
+
+// S11: a duplicate reaching another worker while the first handler still
+// runs misses Redis, waits on Postgres, and ends a duplicate. With Redis
+// refusing connections the counts are the same and the errors are counted.
+func TestS11FastPathMissFallsThroughToPostgres(t *testing.T) {
+	t.Parallel()
+	for _, redisDown := range []bool{false, true} {
+		t.Run(map[bool]string{false: "redis-up", true: "redis-down"}[redisDown], func(t *testing.T) {
+			t.Parallel()
+			client := redisClient(t)
+			if redisDown {
+				client = redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+				t.Cleanup(func() { _ = client.Close() })
+			}
+			e, _ := setupFast(t, client)
+			tbl := e.paymentsTable()
+			var calls atomic.Int64
+			slow := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+				calls.Add(1)
+				if _, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ('p-11', 1)`); err != nil {
+					return err
+				}
+				time.Sleep(5 * time.Second)
+				return nil
+			}
+			first := make(chan error, 1)
+			go func() {
+				res, err := e.store.Process(e.ctx, msg(t, "payments", "m-11", "", "x"), slow)
+				if err == nil && res.Outcome != dedup.OutcomeProcessed {
+					err = errors.New("first copy: " + string(res.Outcome))
+				}
+				first <- err
+			}()
+			time.Sleep(3 * time.Second)
+			res, err := e.store.Process(e.ctx, msg(t, "payments", "m-11", "", "x"), slow)
+			if ferr := <-first; ferr != nil {
+				t.Fatal(ferr)
+			}
+			if err != nil || res.Outcome != dedup.OutcomeDuplicate {
+				t.Fatalf("duplicate at 3s: %+v %v", res, err)
+			}
+			if calls.Load() != 1 || e.count(`select count(*) from `+tbl) != 1 || e.record("payments", "m-11").Status != dedup.StatusSucceeded {
+				t.Fatalf("calls %d, want 1 call, 1 row, SUCCEEDED", calls.Load())
+			}
+			_, misses, errs := e.store.FastPathStats()
+			if redisDown && errs < 2 {
+				t.Fatalf("fast-path errors = %d, want every Redis call counted", errs)
+			}
+			if !redisDown && (errs != 0 || misses != 2) {
+				t.Fatalf("misses %d errors %d, want 2 misses and 0 errors", misses, errs)
+			}
+		})
+	}
+}
+
+// S12: a claim marker left in Redis by a worker that died before its commit
+// is not trusted: worker 2 processes the message and acks only after the
+// SUCCEEDED row exists.
+func TestS12StaleRedisMarkerNotTrusted(t *testing.T) {
+	t.Parallel()
+	client := redisClient(t)
+	e, fp := setupFast(t, client)
+	s := &spy{table: e.paymentsTable()}
+	id := msg(t, "payments", "m-400", "", "x").Identity
+	if err := client.Set(e.ctx, fp.Key(id.Scope, "m", id.MessageID), "claim:worker-1", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.store.Process(e.ctx, msg(t, "payments", "m-400", "", "x"), s.handle)
+	if err != nil || res.Outcome != dedup.OutcomeProcessed || s.calls.Load() != 1 {
+		t.Fatalf("worker 2: %+v %v calls %d, want processed", res, err, s.calls.Load())
+	}
+	if r := e.record("payments", "m-400"); r.Status != dedup.StatusSucceeded || e.count(`select count(*) from `+s.table) != 1 {
+		t.Fatalf("record %+v", r)
+	}
+	// The marker is now a SUCCEEDED entry: the next copy is a fast-path hit.
+	if res, err := e.store.Process(e.ctx, msg(t, "payments", "m-400", "", "x"), s.handle); err != nil || res.Outcome != dedup.OutcomeDuplicate {
+		t.Fatalf("copy after success: %+v %v", res, err)
+	}
+	if hits, _, _ := e.store.FastPathStats(); hits != 1 {
+		t.Fatalf("fast-path hits = %d, want 1", hits)
+	}
+}
