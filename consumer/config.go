@@ -50,6 +50,13 @@ type Config struct {
 	// A crash replays at most this much (plus CommitEvery) work, which dedup
 	// absorbs.
 	CommitInterval time.Duration
+	// BatchSize is how many deliveries of one lane run in one transaction
+	// (batched atomic mode, dedup.Store.ProcessBatch) in pull mode. Default
+	// 1: one transaction per delivery. Not used with LeaseHandler.
+	BatchSize int
+	// BatchWait is how long a lane waits to fill a batch once it has one
+	// delivery. Default 50ms. Only with BatchSize > 1.
+	BatchWait time.Duration
 	// LaneBuffer is how many fetched deliveries may wait per lane before the
 	// fetcher blocks (backpressure). Default 64.
 	LaneBuffer int
@@ -78,6 +85,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = time.Second
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 1
+	}
+	if c.BatchWait == 0 {
+		c.BatchWait = 50 * time.Millisecond
 	}
 	if c.LaneBuffer == 0 {
 		c.LaneBuffer = 64
@@ -109,6 +122,12 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: CommitEvery %d must be at least 1", ErrInvalidConfig, c.CommitEvery)
 	case c.CommitInterval < time.Millisecond:
 		return fmt.Errorf("%w: CommitInterval %s must be at least 1ms", ErrInvalidConfig, c.CommitInterval)
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return fmt.Errorf("%w: BatchSize %d must be 1 to 10000", ErrInvalidConfig, c.BatchSize)
+	case c.BatchSize > 1 && c.LeaseHandler != nil:
+		return fmt.Errorf("%w: BatchSize %d cannot be used with LeaseHandler (lease mode is per message)", ErrInvalidConfig, c.BatchSize)
+	case c.BatchWait < 0:
+		return fmt.Errorf("%w: BatchWait %s must not be negative", ErrInvalidConfig, c.BatchWait)
 	case c.LaneBuffer < 1:
 		return fmt.Errorf("%w: LaneBuffer %d must be at least 1", ErrInvalidConfig, c.LaneBuffer)
 	case c.LeaseHandler != nil && c.Lease.ValidateUnder(0) != nil:

@@ -68,33 +68,14 @@ func (c *Consumer) Config() Config { return c.cfg }
 // again later" (RocketMQ: ConsumeRetryLater). A non-nil error means the
 // outcome could not be recorded (database down, ctx ended): do not ack.
 func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error) {
-	msg := d.Message
-	if msg == nil {
-		return dedup.Result{}, errors.New("idemq/consumer: delivery without message")
+	msg, reject, err := c.prepare(d)
+	if err != nil {
+		return dedup.Result{}, err
 	}
-	if msg.Source == "" {
-		msg.Source = d.Position
-	}
-	var (
-		res    dedup.Result
-		err    error
-		bk     string
-		bkErr  error
-		idErr  error
-		reason string
-	)
-	if c.cfg.BusinessKey != nil {
-		// The extractor may look at the scope and message ID already.
-		msg.Identity, _ = dedup.NewIdentity(c.cfg.Scope, d.MessageID, d.Position, "")
-		bk, bkErr = c.extract(msg)
-	}
-	msg.Identity, idErr = dedup.NewIdentity(c.cfg.Scope, d.MessageID, d.Position, bk)
+	var res dedup.Result
 	switch {
-	case idErr != nil:
-		return dedup.Result{}, fmt.Errorf("idemq/consumer: identity: %w", idErr)
-	case bkErr != nil:
-		reason = dedup.ReasonBadInput
-		res, err = c.cfg.Store.Reject(ctx, msg, reason, fmt.Errorf("business key: %w", bkErr))
+	case reject != nil:
+		res, err = c.cfg.Store.Reject(ctx, msg, dedup.ReasonBadInput, reject)
 	case c.cfg.LeaseHandler != nil:
 		res, err = c.cfg.Store.ProcessLeased(ctx, msg, c.cfg.LeaseHandler, c.cfg.Lease)
 	default:
@@ -106,6 +87,78 @@ func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error)
 	}
 	c.report(msg, res)
 	return res, nil
+}
+
+// HandleBatch handles deliveries in one transaction (dedup.Store.
+// ProcessBatch). Bad input is rejected first, on its own. Results follow
+// ProcessBatch: in order, stopping at the first OutcomeRetry (later results
+// are zero: not attempted, not acked). A non-nil error means nothing of the
+// batch is durable.
+func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Result, error) {
+	if c.cfg.LeaseHandler != nil {
+		return nil, errors.New("idemq/consumer: HandleBatch is not available in lease mode")
+	}
+	results := make([]dedup.Result, len(ds))
+	var msgs []*dedup.Message
+	var idx []int
+	for i, d := range ds {
+		msg, reject, err := c.prepare(d)
+		if err != nil {
+			return nil, err
+		}
+		if reject != nil {
+			// Rejections commit on their own, before the batch: a bad message
+			// is final whatever happens to its neighbours.
+			res, err := c.cfg.Store.Reject(ctx, msg, dedup.ReasonBadInput, reject)
+			if err != nil {
+				return nil, err
+			}
+			results[i] = res
+			continue
+		}
+		msgs, idx = append(msgs, msg), append(idx, i)
+	}
+	batch, err := c.cfg.Store.ProcessBatch(ctx, msgs, c.cfg.Handler)
+	if err != nil {
+		c.log.Warn("idemq: batch outcome not recorded; will be retried", "deliveries", len(ds), "err", err)
+		return nil, err
+	}
+	for j, r := range batch {
+		results[idx[j]] = r
+	}
+	for i, r := range results {
+		if r.Outcome == "" {
+			break
+		}
+		c.report(ds[i].Message, r)
+	}
+	return results, nil
+}
+
+// prepare fills the message's identity. reject is non-nil when the delivery
+// is bad input (the business-key extractor failed).
+func (c *Consumer) prepare(d Delivery) (msg *dedup.Message, reject, err error) {
+	msg = d.Message
+	if msg == nil {
+		return nil, nil, errors.New("idemq/consumer: delivery without message")
+	}
+	if msg.Source == "" {
+		msg.Source = d.Position
+	}
+	var bk string
+	if c.cfg.BusinessKey != nil {
+		// The extractor may look at the scope and message ID already.
+		msg.Identity, _ = dedup.NewIdentity(c.cfg.Scope, d.MessageID, d.Position, "")
+		var bkErr error
+		if bk, bkErr = c.extract(msg); bkErr != nil {
+			reject = fmt.Errorf("business key: %w", bkErr)
+			bk = ""
+		}
+	}
+	if msg.Identity, err = dedup.NewIdentity(c.cfg.Scope, d.MessageID, d.Position, bk); err != nil {
+		return nil, nil, fmt.Errorf("idemq/consumer: identity: %w", err)
+	}
+	return msg, reject, nil
 }
 
 func (c *Consumer) extract(msg *dedup.Message) (bk string, err error) {
@@ -144,13 +197,7 @@ func (c *Consumer) HandleInPlace(ctx context.Context, d Delivery) (dedup.Result,
 // handleInPlace runs attempts under work (the handler's context) and stops
 // retrying as soon as ctx ends.
 func (c *Consumer) handleInPlace(ctx, work context.Context, d Delivery) (dedup.Result, error) {
-	b := &backoff.ExponentialBackOff{
-		InitialInterval:     c.cfg.RetryInitial,
-		RandomizationFactor: 0.2,
-		Multiplier:          2,
-		MaxInterval:         c.cfg.RetryMax,
-	}
-	b.Reset()
+	b := c.newBackoff()
 	for {
 		res, err := c.Handle(work, d)
 		if err == nil && res.Outcome.Acked() {
@@ -162,12 +209,33 @@ func (c *Consumer) handleInPlace(ctx, work context.Context, d Delivery) (dedup.R
 			}
 			return res, err
 		}
-		t := time.NewTimer(b.NextBackOff())
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, b.NextBackOff()) {
 			return res, ctx.Err()
-		case <-t.C:
 		}
+	}
+}
+
+// newBackoff is the in-place retry schedule: exponential from RetryInitial
+// to RetryMax, doubling, with ±20% jitter.
+func (c *Consumer) newBackoff() *backoff.ExponentialBackOff {
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     c.cfg.RetryInitial,
+		RandomizationFactor: 0.2,
+		Multiplier:          2,
+		MaxInterval:         c.cfg.RetryMax,
+	}
+	b.Reset()
+	return b
+}
+
+// sleep waits d or until ctx ends; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }

@@ -100,22 +100,84 @@ func (c *Consumer) checkHorizon(ctx context.Context, src Source) error {
 }
 
 // lane handles one lane's deliveries in order. After ctx ends it finishes
-// the delivery in hand (bounded by work) and drops the queued ones, which
-// stay uncommitted and are redelivered.
+// the delivery (or batch) in hand (bounded by work) and drops the queued
+// ones, which stay uncommitted and are redelivered.
 func (c *Consumer) lane(ctx, work context.Context, ch <-chan Delivery, com *committer) {
+	defer func() {
+		for range ch { // drop what is queued; it stays uncommitted
+		}
+	}()
+	if c.cfg.BatchSize > 1 {
+		c.batchLane(ctx, work, ch, com)
+		return
+	}
 	for d := range ch {
 		if ctx.Err() != nil {
-			continue
+			return
 		}
 		res, err := c.handleInPlace(ctx, work, d)
 		if err != nil || !res.Outcome.Acked() {
-			// ctx ended mid-delivery: this and later deliveries of the lane
-			// stay uncommitted.
-			for range ch {
-			}
-			return
+			return // ctx ended mid-delivery: this and later deliveries stay uncommitted
 		}
 		com.done(d)
+	}
+}
+
+// batchLane is lane in batched atomic mode: up to BatchSize deliveries,
+// gathered for at most BatchWait, per transaction. The acked prefix of each
+// batch is committed; the rest (from the first retry on) is retried with
+// backoff, ahead of newer deliveries.
+func (c *Consumer) batchLane(ctx, work context.Context, ch <-chan Delivery, com *committer) {
+	var pending []Delivery
+	b := c.newBackoff()
+	open := true
+	for {
+		if len(pending) == 0 {
+			d, ok := <-ch
+			if !ok {
+				return
+			}
+			pending = append(pending, d)
+		}
+		if open {
+			timer := time.NewTimer(c.cfg.BatchWait)
+		fill:
+			for len(pending) < c.cfg.BatchSize {
+				select {
+				case d, ok := <-ch:
+					if !ok {
+						open = false
+						break fill
+					}
+					pending = append(pending, d)
+				case <-timer.C:
+					break fill
+				}
+			}
+			timer.Stop()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		results, err := c.HandleBatch(work, pending)
+		k := 0
+		if err == nil {
+			for k < len(results) && results[k].Outcome != "" && results[k].Outcome.Acked() {
+				com.done(pending[k])
+				k++
+			}
+		}
+		pending = pending[k:]
+		if len(pending) == 0 {
+			b.Reset()
+			if !open {
+				return
+			}
+			continue
+		}
+		if !sleep(ctx, b.NextBackOff()) {
+			return
+		}
 	}
 }
 

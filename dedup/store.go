@@ -129,7 +129,21 @@ func (s *Store) claimAndRun(ctx context.Context, msg *Message, sum []byte, keyID
 		return Result{}, nil, fmt.Errorf("idemq: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	res, herr, err = s.claimAndRunIn(ctx, tx, msg, sum, keyID, h)
+	if err != nil || herr != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return res, herr, err
+	}
+	if err := commit(ctx, tx); err != nil {
+		return Result{}, nil, err
+	}
+	return res, nil, nil
+}
 
+// claimAndRunIn claims msg in tx, decides, and runs h in tx when the record
+// must be processed; it marks SUCCEEDED after h but does not commit. On a
+// handler failure (herr) or error the caller must roll tx back.
+func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, h Handler) (res Result, herr error, err error) {
 	id := msg.Identity
 	rowID, rec, err := s.claim(ctx, tx, msg, sum, keyID)
 	attempts := 1
@@ -140,9 +154,6 @@ func (s *Store) claimAndRun(ctx context.Context, msg *Message, sum []byte, keyID
 		// Someone else's record (or our own earlier one) decides.
 		res, run, err := s.decide(ctx, tx, msg, sum, keyID, rec)
 		if err != nil || !run {
-			if err == nil {
-				err = commit(ctx, tx)
-			}
 			return res, nil, err
 		}
 		rowID = rec.id
@@ -153,17 +164,12 @@ func (s *Store) claimAndRun(ctx context.Context, msg *Message, sum []byte, keyID
 
 	msg.Attempt = attempts
 	if herr := runHandler(ctx, tx, msg, h); herr != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return Result{HandlerCalled: true, Attempts: attempts}, herr, nil
 	}
 	if err := s.q.markSucceeded(ctx, tx, id, rowID, *s.expiry(StatusSucceeded)); err != nil {
 		// The handler left the transaction unusable (for example it swallowed
 		// an error and went on): that is a handler failure.
-		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return Result{HandlerCalled: true, Attempts: attempts}, fmt.Errorf("idemq: mark succeeded: %w", err), nil
-	}
-	if err := commit(ctx, tx); err != nil {
-		return Result{}, nil, err
 	}
 	return Result{Outcome: OutcomeProcessed, Status: StatusSucceeded, Attempts: attempts, HandlerCalled: true}, nil, nil
 }
@@ -229,7 +235,15 @@ func (s *Store) markFailed(ctx context.Context, msg *Message, sum []byte, keyID 
 		return Result{}, fmt.Errorf("idemq: begin mark failed: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
+	res, err := s.markFailedIn(ctx, tx, msg, sum, keyID, herr, finalReason)
+	if err != nil {
+		return Result{}, err
+	}
+	return res, commit(ctx, tx)
+}
 
+// markFailedIn is markFailed's work inside tx (no commit).
+func (s *Store) markFailedIn(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, herr error, finalReason string) (Result, error) {
 	permanent := IsPermanent(herr)
 	reason := finalReason
 	if permanent && finalReason == ReasonAttemptsExhausted {
@@ -259,7 +273,7 @@ func (s *Store) markFailed(ctx context.Context, msg *Message, sum []byte, keyID 
 		}
 		if rec.status == StatusSucceeded || rec.status == StatusFailedFinal {
 			// Another copy finished meanwhile: this delivery is a duplicate.
-			return Result{Outcome: OutcomeDuplicate, MatchedBy: rec.matchedBy(msg.Identity), Status: rec.status, Attempts: rec.attempts, HandlerCalled: res.HandlerCalled}, commit(ctx, tx)
+			return Result{Outcome: OutcomeDuplicate, MatchedBy: rec.matchedBy(msg.Identity), Status: rec.status, Attempts: rec.attempts, HandlerCalled: res.HandlerCalled}, nil
 		}
 		res.Attempts = rec.attempts + 1
 		if res.Attempts >= s.cfg.MaxAttempts {
@@ -277,7 +291,7 @@ func (s *Store) markFailed(ctx context.Context, msg *Message, sum []byte, keyID 
 			return Result{}, err
 		}
 	}
-	return res, commit(ctx, tx)
+	return res, nil
 }
 
 // expiry returns the retention of a status in seconds (nil: never expires).

@@ -16,6 +16,8 @@ import (
 //
 //   - ceiling=plain-tx: the handler's insert alone;
 //   - process-new: Store.Process of a new message (claim, insert, mark, commit);
+//   - process-batch-50: Store.ProcessBatch, 50 new messages per transaction
+//     (a savepoint each, one commit);
 //   - process-duplicate: Store.Process of a message that already succeeded
 //     (claim conflict, locked read, rollback; the handler does not run).
 //
@@ -57,6 +59,23 @@ func BenchmarkDedupOverhead(b *testing.B) {
 			res, err := e.store.Process(e.ctx, benchMsg(b, fmt.Sprintf("new-%d-%d", b.N, i)), handler)
 			if err != nil || res.Outcome != dedup.OutcomeProcessed {
 				b.Fatalf("%+v %v", res, err)
+			}
+		}
+		if per := perMsg(b, time.Since(start)); ceiling > 0 {
+			b.ReportMetric(float64(per)/float64(ceiling), "x-ceiling")
+		}
+	})
+	b.Run("process-batch-50", func(b *testing.B) {
+		const size = 50
+		start := time.Now()
+		for i := 0; i < b.N; i += size {
+			var batch []*dedup.Message
+			for j := i; j < min(i+size, b.N); j++ {
+				batch = append(batch, benchMsg(b, fmt.Sprintf("batch-%d-%d", b.N, j)))
+			}
+			res, err := e.store.ProcessBatch(e.ctx, batch, handler)
+			if err != nil || res[len(res)-1].Outcome != dedup.OutcomeProcessed {
+				b.Fatalf("%v", err)
 			}
 		}
 		if per := perMsg(b, time.Since(start)); ceiling > 0 {
