@@ -19,6 +19,15 @@
 //   - Push (RocketMQ): the adapter calls Handle for each message of a batch
 //     and maps the outcome to ConsumeSuccess / ConsumeRetryLater itself.
 //
+// # Modes
+//
+// Config.Handler runs in atomic mode, one transaction per delivery; with
+// Config.BatchSize > 1 a pull lane runs up to BatchSize deliveries per
+// transaction (dedup.Store.ProcessBatch), commits the acked prefix and
+// retries the rest ahead of newer deliveries. Config.LeaseHandler runs in
+// lease mode (dedup.Store.ProcessLeased) for side effects outside the
+// database; a fenced owner's delivery is not acked.
+//
 // # Shutdown
 //
 // When Run's context ends, fetching stops, in-flight handlers get up to
