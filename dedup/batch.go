@@ -76,8 +76,12 @@ func (s *Store) ProcessBatch(ctx context.Context, msgs []*Message, h Handler) ([
 				return nil, fmt.Errorf("idemq: release savepoint: %w", err)
 			}
 			results[i] = res
+			if res.Outcome == OutcomeRetry {
+				break
+			}
 			continue
 		}
+		// The failure could not be marked under the message's savepoint.
 		if err := sp.Rollback(ctx); err != nil { // ROLLBACK TO SAVEPOINT
 			return nil, fmt.Errorf("idemq: rollback to savepoint: %w", err)
 		}

@@ -46,8 +46,11 @@ returning attempts`
 	q.succeededSQL = `update ` + q.records + `
 set status = 'SUCCEEDED', updated_at = now(), expires_at = now() + make_interval(secs => $2::float8)
 where id = $1 and status = 'PROCESSING'`
+	// $6: whether this mark counts a new attempt (false when the claim in
+	// the same transaction already counted it).
 	q.failedSQL = `update ` + q.records + `
-set status = $2, attempts = attempts + 1, last_error = $3, last_error_class = $4, updated_at = now(),
+set status = $2, attempts = attempts + case when $6 then 1 else 0 end, last_error = $3, last_error_class = $4,
+    source = $7, reconsume_times = $8, updated_at = now(),
     expires_at = now() + make_interval(secs => $5::float8)
 where id = $1`
 	// The partial unique index on live dead letters makes a repeated poison
@@ -162,8 +165,9 @@ func (q *queries) markSucceeded(ctx context.Context, tx pgx.Tx, id Identity, row
 	return nil
 }
 
-func (q *queries) updateFailed(ctx context.Context, tx pgx.Tx, rowID int64, status Status, errText, errClass string, expirySecs *float64) error {
-	if _, err := tx.Exec(ctx, q.failedSQL, rowID, string(status), errText, errClass, expirySecs); err != nil {
+func (q *queries) updateFailed(ctx context.Context, tx pgx.Tx, rowID int64, status Status, newAttempt bool, msg *Message, errText, errClass string, expirySecs *float64) error {
+	if _, err := tx.Exec(ctx, q.failedSQL, rowID, string(status), errText, errClass, expirySecs, newAttempt,
+		clip(msg.Source, 1024), msg.ReconsumeTimes); err != nil {
 		return fmt.Errorf("idemq: mark %s: %w", status, err)
 	}
 	return nil

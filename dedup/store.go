@@ -141,8 +141,10 @@ func (s *Store) claimAndRun(ctx context.Context, msg *Message, sum []byte, keyID
 }
 
 // claimAndRunIn claims msg in tx, decides, and runs h in tx when the record
-// must be processed; it marks SUCCEEDED after h but does not commit. On a
-// handler failure (herr) or error the caller must roll tx back.
+// must be processed; it marks SUCCEEDED, or the failure, but does not commit.
+// herr is set only when a handler failure could not be marked in tx (the
+// transaction is unusable): the caller must then roll back and markFailed in
+// a new transaction. On err the caller must roll back.
 func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, h Handler) (res Result, herr error, err error) {
 	id := msg.Identity
 	rowID, rec, err := s.claim(ctx, tx, msg, sum, keyID)
@@ -162,16 +164,67 @@ func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *Message, sum 
 		}
 	}
 
+	// The handler runs under a savepoint: when it fails, its writes roll back
+	// alone and the failure is marked in this same transaction, still holding
+	// the record's row lock, so no other copy can slip in between.
 	msg.Attempt = attempts
-	if herr := runHandler(ctx, tx, msg, h); herr != nil {
-		return Result{HandlerCalled: true, Attempts: attempts}, herr, nil
+	called := Result{HandlerCalled: true, Attempts: attempts}
+	sp, err := tx.Begin(ctx) // SAVEPOINT
+	if err != nil {
+		return Result{}, nil, fmt.Errorf("idemq: savepoint: %w", err)
 	}
-	if err := s.q.markSucceeded(ctx, tx, id, rowID, *s.expiry(StatusSucceeded)); err != nil {
-		// The handler left the transaction unusable (for example it swallowed
-		// an error and went on): that is a handler failure.
-		return Result{HandlerCalled: true, Attempts: attempts}, fmt.Errorf("idemq: mark succeeded: %w", err), nil
+	herr = runHandler(ctx, sp, msg, h)
+	if herr == nil {
+		if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
+			herr = fmt.Errorf("idemq: release savepoint: %w", err)
+		}
 	}
-	return Result{Outcome: OutcomeProcessed, Status: StatusSucceeded, Attempts: attempts, HandlerCalled: true}, nil, nil
+	if herr == nil {
+		if err := s.q.markSucceeded(ctx, tx, id, rowID, *s.expiry(StatusSucceeded)); err != nil {
+			// The handler left the transaction unusable (for example it
+			// swallowed an error and went on): that is a handler failure.
+			return called, fmt.Errorf("idemq: mark succeeded: %w", err), nil
+		}
+		return Result{Outcome: OutcomeProcessed, Status: StatusSucceeded, Attempts: attempts, HandlerCalled: true}, nil, nil
+	}
+	if ctx.Err() != nil {
+		// A shutdown is not the message's fault: mark nothing; the caller
+		// rolls back and the broker redelivers.
+		return Result{}, nil, fmt.Errorf("idemq: handler interrupted: %w", errors.Join(ctx.Err(), herr))
+	}
+	if err := sp.Rollback(ctx); err != nil { // ROLLBACK TO SAVEPOINT
+		return called, herr, nil // transaction unusable: the caller marks in a new one
+	}
+	res, err = s.markClaimedFailed(ctx, tx, rowID, attempts, msg, sum, herr)
+	if err != nil {
+		return called, herr, nil
+	}
+	return res, nil, nil
+}
+
+// markClaimedFailed marks the record this transaction claimed (attempts
+// already counted by the claim) FAILED_RETRYABLE, or FAILED_FINAL with a dead
+// letter when the error is permanent or the attempts are used up.
+func (s *Store) markClaimedFailed(ctx context.Context, tx pgx.Tx, rowID int64, attempts int, msg *Message, sum []byte, herr error) (Result, error) {
+	status, reason := StatusFailedRetryable, ReasonAttemptsExhausted
+	switch {
+	case IsPermanent(herr):
+		status, reason = StatusFailedFinal, ReasonPermanentError
+	case attempts >= s.cfg.MaxAttempts:
+		status = StatusFailedFinal
+	}
+	if err := s.q.updateFailed(ctx, tx, rowID, status, false, msg, clip(herr.Error(), s.cfg.MaxErrorBytes), ErrorClass(herr), s.expiry(status)); err != nil {
+		return Result{}, err
+	}
+	res := Result{Outcome: OutcomeRetry, Status: status, Attempts: attempts, HandlerCalled: true, Err: herr}
+	if status == StatusFailedFinal {
+		var err error
+		res.Outcome = OutcomeDeadLetter
+		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, herr, attempts, s.cfg.MaxErrorBytes); err != nil {
+			return Result{}, err
+		}
+	}
+	return res, nil
 }
 
 // claim inserts a PROCESSING record with attempts 1 (returning its row id),
@@ -279,7 +332,7 @@ func (s *Store) markFailedIn(ctx context.Context, tx pgx.Tx, msg *Message, sum [
 		if res.Attempts >= s.cfg.MaxAttempts {
 			status = StatusFailedFinal
 		}
-		if err := s.q.updateFailed(ctx, tx, rec.id, status, errText, class, s.expiry(status)); err != nil {
+		if err := s.q.updateFailed(ctx, tx, rec.id, status, true, msg, errText, class, s.expiry(status)); err != nil {
 			return Result{}, err
 		}
 	}

@@ -3,7 +3,7 @@ module github.com/idemq/idemq/integration
 go 1.26.0
 
 require (
-	github.com/apache/rocketmq-client-go/v2 v2.1.2
+	github.com/apache/rocketmq-client-go/v2 v2.1.3-0.20251226070945-2173d070fd1b
 	github.com/compose-spec/compose-go/v2 v2.16.2
 	github.com/google/uuid v1.6.0
 	github.com/idemq/idemq v0.0.0

@@ -1,0 +1,375 @@
+package rocketmqadapter
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	rmqconsumer "github.com/apache/rocketmq-client-go/v2/consumer"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func ext(topic, uniq, offsetMsgID string, props map[string]string) *primitive.MessageExt {
+	m := &primitive.MessageExt{Message: primitive.Message{Topic: topic, Body: []byte(`{"n":1}`)}, OffsetMsgId: offsetMsgID}
+	for k, v := range props {
+		m.WithProperty(k, v)
+	}
+	if uniq != "" {
+		m.WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, uniq)
+		m.MsgId = uniq
+	} else {
+		m.MsgId = offsetMsgID // what the client does without UNIQ_KEY
+	}
+	return m
+}
+
+func TestMessageIDRules(t *testing.T) {
+	cases := []struct {
+		name string
+		m    *primitive.MessageExt
+		want string
+	}{
+		{"message-id property wins", ext("orders", "U1", "O1", map[string]string{"message-id": "m-1"}), "m-1"},
+		{"UNIQ_KEY", ext("orders", "U1", "O1", nil), "U1"},
+		{"MsgId fallback to OffsetMsgId is not used", ext("orders", "", "O3", nil), ""},
+		{"MsgId set without property", &primitive.MessageExt{MsgId: "U9", OffsetMsgId: "O9"}, "U9"},
+		{"nil", nil, ""},
+	}
+	for _, c := range cases {
+		if got := MessageID(c.m, ""); got != c.want {
+			t.Errorf("%s: MessageID = %q, want %q", c.name, got, c.want)
+		}
+	}
+	if got := MessageID(ext("orders", "U1", "O1", map[string]string{"x-id": "custom"}), "x-id"); got != "custom" {
+		t.Errorf("custom property: %q", got)
+	}
+}
+
+func TestToDeliveryRetryCopy(t *testing.T) {
+	m := ext("%RETRY%refund-svc", "U2", "O2", map[string]string{primitive.PropertyRetryTopic: "refunds", primitive.PropertyKeys: "refund-77 other"})
+	m.Queue = &primitive.MessageQueue{Topic: "%RETRY%refund-svc", BrokerName: "broker-a", QueueId: 0}
+	m.QueueOffset = 17
+	m.ReconsumeTimes = 1
+	m.BornTimestamp = 1_700_000_000_000
+	d := ToDelivery(m, "")
+	if d.MessageID != "U2" {
+		t.Fatalf("MessageID = %q", d.MessageID)
+	}
+	if want := "rocketmq:%RETRY%refund-svc/broker-a/0/17"; d.Position != want || d.Message.Source != want {
+		t.Fatalf("Position = %q, Source %q, want %q", d.Position, d.Message.Source, want)
+	}
+	if d.Message.Topic != "refunds" {
+		t.Fatalf("Topic = %q, want the original topic", d.Message.Topic)
+	}
+	if d.Message.ReconsumeTimes != 1 || d.Message.Offset != 17 || d.Message.Partition != 0 || d.Offset != 17 {
+		t.Fatalf("message = %+v", d.Message)
+	}
+	if string(d.Message.Key) != "refund-77 other" || d.Message.Header(primitive.PropertyKeys) != "refund-77 other" {
+		t.Fatalf("Key = %q", d.Message.Key)
+	}
+	if !d.Message.Time.Equal(time.UnixMilli(1_700_000_000_000)) {
+		t.Fatalf("Time = %v", d.Message.Time)
+	}
+	if d.Ack != m || d.Lane != "%RETRY%refund-svc/broker-a/0" {
+		t.Fatalf("Ack/Lane = %v %q", d.Ack, d.Lane)
+	}
+	bk, err := BusinessKeyFromKeys(d.Message)
+	if err != nil || bk != "refund-77" {
+		t.Fatalf("BusinessKeyFromKeys = %q, %v", bk, err)
+	}
+}
+
+func TestToDeliveryWithoutUniqKeyUsesPosition(t *testing.T) {
+	m := ext("refunds", "", "O3", nil)
+	m.Queue = &primitive.MessageQueue{Topic: "refunds", BrokerName: "broker-a", QueueId: 3}
+	m.QueueOffset = 5
+	d := ToDelivery(m, "")
+	if d.MessageID != "" || d.Position != "rocketmq:refunds/broker-a/3/5" {
+		t.Fatalf("MessageID %q Position %q", d.MessageID, d.Position)
+	}
+	id, err := dedup.NewIdentity("refund-svc", d.MessageID, d.Position, "")
+	if err != nil || id.MessageID != "rocketmq:refunds/broker-a/3/5" || strings.Contains(id.MessageID, "O3") {
+		t.Fatalf("identity %+v, %v", id, err)
+	}
+}
+
+func TestBusinessKeyFromProperty(t *testing.T) {
+	msg := &dedup.Message{Headers: map[string]string{"order-id": "o-1"}}
+	if k, err := BusinessKeyFromProperty("order-id", true)(msg); k != "o-1" || err != nil {
+		t.Fatalf("%q %v", k, err)
+	}
+	if _, err := BusinessKeyFromProperty("missing", true)(msg); !errors.Is(err, ErrNoBusinessKey) {
+		t.Fatalf("err = %v", err)
+	}
+	if k, err := BusinessKeyFromProperty("missing", false)(msg); k != "" || err != nil {
+		t.Fatalf("%q %v", k, err)
+	}
+	if k, _ := BusinessKeyFromKeys(&dedup.Message{}); k != "" {
+		t.Fatalf("no keys: %q", k)
+	}
+}
+
+func TestInstanceNameUnique(t *testing.T) {
+	seen := map[string]bool{}
+	for range 100 {
+		n := InstanceName("orders")
+		if seen[n] || !strings.HasPrefix(n, "orders-") || strings.ContainsAny(n, " @:") {
+			t.Fatalf("instance name %q (repeated %v)", n, seen[n])
+		}
+		seen[n] = true
+	}
+}
+
+func TestDelayLevelsAndHorizon(t *testing.T) {
+	levels, err := ParseDelayLevels("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := DefaultDelayLevels()
+	if len(levels) != len(def) {
+		t.Fatalf("%d levels", len(levels))
+	}
+	for i := range def {
+		if levels[i] != def[i] {
+			t.Fatalf("level %d: %s != %s", i+1, levels[i], def[i])
+		}
+	}
+	if h := RedeliveryHorizon(def, 16); h != 4*time.Hour+45*time.Minute+40*time.Second {
+		t.Fatalf("default horizon = %s", h)
+	}
+	if h := RedeliveryHorizon(def, -1); h != RedeliveryHorizon(def, 16) {
+		t.Fatalf("-1 horizon = %s", h)
+	}
+	// Levels 3, 4, 5: 10s + 30s + 1m.
+	if h := RedeliveryHorizon(def, 3); h != 100*time.Second {
+		t.Fatalf("3 reconsumes = %s", h)
+	}
+	// Past the last level the broker keeps using the last one.
+	ones, _ := ParseDelayLevels("1s 1s 1s 1d")
+	if h := RedeliveryHorizon(ones, 5); h != 1*time.Second+4*24*time.Hour {
+		t.Fatalf("capped = %s", h)
+	}
+	for _, bad := range []string{"", "5", "1x", "-1s", "abc"} {
+		if _, err := ParseDelayLevels(bad); err == nil {
+			t.Errorf("ParseDelayLevels(%q) accepted", bad)
+		}
+	}
+}
+
+// offlineStore is a Store whose database is unreachable (nothing listens on
+// port 1): NewStore does not connect, and every Process fails fast.
+func offlineStore(t *testing.T, tweak func(*dedup.Config)) *dedup.Store {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig("postgres://idemq:idemq@127.0.0.1:1/idemq?sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	fp, err := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "k1", Secret: []byte("unit-test-secret-0123456789")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc := dedup.Config{Fingerprinter: fp}
+	if tweak != nil {
+		tweak(&dc)
+	}
+	st, err := dedup.NewStore(pool, dc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func noop(context.Context, pgx.Tx, *dedup.Message) error { return nil }
+
+func TestConfigValidation(t *testing.T) {
+	st := offlineStore(t, func(c *dedup.Config) { c.MaxAttempts = 5 })
+	base := func() Config {
+		return Config{Consumer: consumer.Config{Store: st, Handler: noop}, Group: "g1"}
+	}
+	cases := []struct {
+		name  string
+		tweak func(*Config)
+		want  []string // substrings of the error; nil: valid
+	}{
+		{"defaults", func(*Config) {}, nil},
+		{"handler bound fits", func(c *Config) { c.MaxHandlerDuration = 14 * time.Minute }, nil},
+		{"handler bound too long", func(c *Config) { c.MaxHandlerDuration = 15 * time.Minute }, []string{"MaxHandlerDuration 15m0s", "ConsumeTimeout 15m0s"}},
+		{"batch makes it too long", func(c *Config) {
+			c.MaxHandlerDuration, c.BatchMaxSize, c.ConsumeTimeout = 20*time.Second, 4, time.Minute
+		}, []string{"MaxHandlerDuration 20s", "BatchMaxSize 4", "1m20s", "ConsumeTimeout 1m0s"}},
+		{"reconsume below attempts", func(c *Config) { c.MaxReconsumeTimes = 3 }, []string{"MaxReconsumeTimes 3", "4 deliveries", "MaxAttempts 5"}},
+		{"reconsume just enough", func(c *Config) { c.MaxReconsumeTimes = 4 }, nil},
+		{"batch too big", func(c *Config) { c.BatchMaxSize = 2000 }, []string{"BatchMaxSize 2000"}},
+		{"timeout too small", func(c *Config) { c.ConsumeTimeout = time.Millisecond }, []string{"ConsumeTimeout 1ms"}},
+		{"no store", func(c *Config) { c.Consumer.Store = nil }, []string{"Store"}},
+		{"no scope", func(c *Config) { c.Group = "" }, []string{"Scope"}},
+	}
+	for _, c := range cases {
+		cfg := base()
+		c.tweak(&cfg)
+		_, err := NewListener(cfg)
+		if c.want == nil {
+			if err != nil {
+				t.Errorf("%s: %v", c.name, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("%s: accepted", c.name)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %q does not name %q", c.name, err, w)
+			}
+		}
+	}
+	if _, err := NewPushConsumer(base()); err == nil || !strings.Contains(err.Error(), "NameServers") {
+		t.Errorf("NewPushConsumer without name servers: %v", err)
+	}
+}
+
+func TestRetentionMustExceedHorizon(t *testing.T) {
+	st := offlineStore(t, func(c *dedup.Config) { c.SucceededRetention = 2 * time.Hour })
+	_, err := NewListener(Config{Consumer: consumer.Config{Store: st, Handler: noop, Scope: "g"}})
+	if !errors.Is(err, dedup.ErrRetentionTooShort) {
+		t.Fatalf("err = %v, want ErrRetentionTooShort", err)
+	}
+	if !strings.Contains(err.Error(), "2h0m0s") {
+		t.Fatalf("error does not name the retention: %v", err)
+	}
+	// With 1 s delay levels, 3 reconsumes and a 1 m consume timeout the
+	// horizon is 3s + 4m: 2h is plenty.
+	ones, _ := ParseDelayLevels("1s 1s 1s 1s 1s 1s")
+	if _, err := NewListener(Config{Consumer: consumer.Config{Store: st, Handler: noop, Scope: "g"},
+		DelayLevels: ones, MaxReconsumeTimes: 4, ConsumeTimeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if h := (Config{DelayLevels: ones, MaxReconsumeTimes: 3, ConsumeTimeout: time.Minute}).Horizon(); h != 3*time.Second+4*time.Minute {
+		t.Fatalf("Horizon = %s", h)
+	}
+}
+
+// A database outage is never acknowledged: Handle fails, the listener
+// answers ConsumeRetryLater, and Observe sees the error.
+func TestDatabaseDownRetriesLater(t *testing.T) {
+	st := offlineStore(t, nil)
+	var observed []error
+	l, err := NewListener(Config{Consumer: consumer.Config{Store: st, Handler: noop, Scope: "g"},
+		Observe: func(_ consumer.Delivery, _ dedup.Result, err error) { observed = append(observed, err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Consume(context.Background(), ext("orders", "U1", "O1", nil), ext("orders", "U2", "O2", nil))
+	if err != nil || res != rmqconsumer.ConsumeRetryLater {
+		t.Fatalf("Consume = %v, %v; want ConsumeRetryLater", res, err)
+	}
+	if len(observed) != 2 || observed[0] == nil || observed[1] == nil {
+		t.Fatalf("observed = %v, want two errors (every message of the batch is tried)", observed)
+	}
+}
+
+func TestStopHoldsNewCallsUntilAbort(t *testing.T) {
+	st := offlineStore(t, nil)
+	l, err := NewListener(Config{Consumer: consumer.Config{Store: st, Handler: noop, Scope: "g"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan rmqconsumer.ConsumeResult, 1)
+	go func() {
+		r, _ := l.Consume(context.Background(), ext("orders", "U1", "O1", nil))
+		done <- r
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("a call after Stop returned %v before Abort", r)
+	case <-time.After(100 * time.Millisecond):
+	}
+	l.Abort()
+	l.Abort()
+	if r := <-done; r != rmqconsumer.ConsumeRetryLater {
+		t.Fatalf("after Abort: %v", r)
+	}
+}
+
+func TestKeyLocksSerializeOneKey(t *testing.T) {
+	var k keyLocks
+	k.m = map[string]*keyLock{}
+	unlock, err := k.lock(context.Background(), "U1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := k.lock(context.Background(), "U2")
+	if err != nil {
+		t.Fatal("another key must not wait:", err)
+	}
+	other()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := k.lock(ctx, "U1"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second lock of U1: %v, want to wait", err)
+	}
+	unlock()
+	unlock2, err := k.lock(context.Background(), "U1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock2()
+	if len(k.m) != 0 {
+		t.Fatalf("locks leaked: %d", len(k.m))
+	}
+}
+
+func TestBoundHandlerReportsTimeout(t *testing.T) {
+	slow := func(ctx context.Context, _ pgx.Tx, _ *dedup.Message) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	err := boundHandler(slow, 20*time.Millisecond)(context.Background(), nil, &dedup.Message{})
+	if !errors.Is(err, context.DeadlineExceeded) || dedup.ErrorClass(err) != "timeout" {
+		t.Fatalf("err = %v (class %s)", err, dedup.ErrorClass(err))
+	}
+	wrapped := func(ctx context.Context, _ pgx.Tx, _ *dedup.Message) error {
+		<-ctx.Done()
+		return errors.New("query canceled")
+	}
+	err = boundHandler(wrapped, 20*time.Millisecond)(context.Background(), nil, &dedup.Message{})
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "MaxHandlerDuration 20ms") || !strings.Contains(err.Error(), "query canceled") {
+		t.Fatalf("err = %v", err)
+	}
+	if err := boundHandler(noop, time.Second)(context.Background(), nil, &dedup.Message{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLeaseTTLMustFitUnderConsumeTimeout(t *testing.T) {
+	st := offlineStore(t, nil)
+	lh := func(context.Context, *dedup.Message) error { return nil }
+	_, err := NewListener(Config{Consumer: consumer.Config{Store: st, LeaseHandler: lh, Scope: "g", Lease: dedup.LeaseOptions{TTL: 2 * time.Minute}},
+		ConsumeTimeout: time.Minute})
+	if err == nil || !strings.Contains(err.Error(), "2m0s") || !strings.Contains(err.Error(), "1m0s") {
+		t.Fatalf("err = %v, want both numbers", err)
+	}
+	l, err := NewListener(Config{Consumer: consumer.Config{Store: st, LeaseHandler: lh, Scope: "g", Lease: dedup.LeaseOptions{TTL: 30 * time.Second}},
+		ConsumeTimeout: time.Minute, MaxHandlerDuration: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Consumer().Config().LeaseHandler == nil {
+		t.Fatal("lease handler dropped")
+	}
+}

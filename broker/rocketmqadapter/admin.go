@@ -1,0 +1,66 @@
+package rocketmqadapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/admin"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+)
+
+// EnsureTopic creates topic on the broker at brokerAddr ("127.0.0.1:10911")
+// with queues read and write queues (default 4 when queues is 0) through the
+// admin API (admin.CreateTopic with WithBrokerAddrCreate), then waits until
+// the name servers return a route for it, at most 30s or until ctx ends. It
+// is idempotent: creating an existing topic updates its queue counts. Call
+// it before PushConsumer.Start, which fails without a route.
+func EnsureTopic(ctx context.Context, nameServers []string, brokerAddr, topic string, queues int) error {
+	if queues == 0 {
+		queues = 4
+	}
+	switch {
+	case len(nameServers) == 0 || brokerAddr == "" || topic == "":
+		return errors.New("idemq/rocketmqadapter: EnsureTopic needs name servers, a broker address and a topic")
+	case queues < 1 || queues > 1024:
+		return fmt.Errorf("idemq/rocketmqadapter: EnsureTopic: queues %d must be 1 to 1024", queues)
+	}
+	adm, err := admin.NewAdmin(admin.WithResolver(primitive.NewPassthroughResolver(nameServers)))
+	if err != nil {
+		return fmt.Errorf("idemq/rocketmqadapter: admin client: %w", err)
+	}
+	defer func() { _ = adm.Close() }()
+	if err := adm.CreateTopic(ctx, admin.WithTopicCreate(topic), admin.WithBrokerAddrCreate(brokerAddr),
+		admin.WithReadQueueNums(queues), admin.WithWriteQueueNums(queues)); err != nil {
+		return fmt.Errorf("idemq/rocketmqadapter: create topic %s on %s: %w", topic, brokerAddr, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mqs, err := adm.FetchPublishMessageQueues(ctx, topic)
+		if err == nil && len(mqs) > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("idemq/rocketmqadapter: topic %s has no route on %v after 30s (last error: %v)", topic, nameServers, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// EnsureRetryTopic creates group's retry topic "%RETRY%<group>" (one queue)
+// on the broker at brokerAddr, like EnsureTopic. The broker creates it on
+// its own at the group's first heartbeat, but a client that started before
+// it existed only sees its route at its next route refresh (every 30s), so
+// the first redeliveries of a new group wait that long. Calling it before
+// PushConsumer.Start makes them prompt.
+func EnsureRetryTopic(ctx context.Context, nameServers []string, brokerAddr, group string) error {
+	if group == "" {
+		return errors.New("idemq/rocketmqadapter: EnsureRetryTopic needs a group")
+	}
+	return EnsureTopic(ctx, nameServers, brokerAddr, RetryTopicPrefix+group, 1)
+}

@@ -1,0 +1,128 @@
+// Package rocketmqadapter connects idemq to RocketMQ through
+// github.com/apache/rocketmq-client-go/v2 (Remoting protocol, so point it at
+// the NameServer of a 4.x or 5.x broker, not at the gRPC proxy). It wraps the
+// user's handler (consumer.Config.Handler) as the listener of a push
+// consumer in clustering mode: every message goes through
+// consumer.Consumer.Handle, which claims it in Postgres, runs the handler in
+// the claim's transaction and records the outcome, and only then is the
+// broker answered.
+//
+// The package is named rocketmqadapter so that it does not shadow the
+// client's own consumer, producer and primitive packages.
+//
+// # Identity
+//
+// The message ID of a delivery is, in order:
+//
+//  1. the "message-id" user property (Config.MessageIDProperty), stamped by
+//     idemq's outbox relay or by any producer that re-sends a message under
+//     the same ID;
+//  2. otherwise MsgId, i.e. the UNIQ_KEY property the producer client stamps
+//     once per send. It survives the client's internal send retries, the
+//     broker's %RETRY% copies and consume-timeout resends;
+//  3. otherwise the position "rocketmq:<topic>/<brokerName>/<queueId>/<queueOffset>"
+//     of the stored copy (Position), where topic is the queue actually read
+//     (%RETRY%<group> for a retry copy).
+//
+// OffsetMsgId is never used: it names one stored copy (broker address plus
+// commit-log offset) and changes for every %RETRY% copy. When a message has
+// no UNIQ_KEY the client sets MsgId to OffsetMsgId; the adapter detects that
+// and uses the position instead, which is exactly as stable and says so.
+//
+// An application re-send (a second SendSync of the same intent) is a new
+// message with a new UNIQ_KEY. Catch it either by re-using the message-id
+// property, or with a business key: consumer.Config.BusinessKey, e.g.
+// BusinessKeyFromKeys to use the message Keys. The adapter never uses the
+// Keys as business key unless told to.
+//
+// # Acknowledgement
+//
+// The listener returns, for each call of the client:
+//
+//   - ConsumeSuccess only after every message of the call has a durable
+//     outcome in Postgres (Handle returned no error and an acknowledgeable
+//     outcome: processed, duplicate, conflict, dead letter);
+//   - ConsumeRetryLater when any message got dedup.OutcomeRetry (the handler
+//     failed and attempts remain) or Handle returned an error (the database
+//     is unreachable, or the consumer is shutting down). The client then
+//     sends the message back to the broker, which redelivers a copy through
+//     %RETRY%<group> after delay level 3+ReconsumeTimes.
+//
+// The listener never returns an error to the client (the client treats a
+// result with an error exactly like the result alone); it logs instead.
+//
+// # Retries and attempts
+//
+// The number of handler executions is decided by the consumption record's
+// attempts column in Postgres and dedup.Config.MaxAttempts, not by the
+// copy's ReconsumeTimes: copies may be lost, duplicated or reordered, and a
+// copy delivered because the database was down did not run the handler. When
+// the last attempt fails the store writes FAILED_FINAL and a dead-letter row
+// in one transaction and Handle returns dedup.OutcomeDeadLetter: the
+// listener answers ConsumeSuccess, so the message never reaches the broker's
+// %DLQ% topic. Each copy's ReconsumeTimes is recorded on
+// dedup.Message.ReconsumeTimes (column reconsume_times).
+//
+// The broker must allow at least MaxAttempts deliveries:
+// Config.MaxReconsumeTimes must be at least dedup MaxAttempts-1 (checked by
+// NewListener). Leave headroom: a delivery that met a database outage also
+// uses one reconsume.
+//
+// # Batches
+//
+// With Config.BatchMaxSize > 1 the client hands several messages to one
+// listener call and applies the single result to all of them. The listener
+// handles every message of the batch, each in its own transaction, and
+// returns ConsumeRetryLater when any of them needs a retry. The messages that
+// succeeded are then sent back too and come again as duplicates, which their
+// SUCCEEDED records absorb without running the handler: per-message outcomes
+// are kept in Postgres, only the acknowledgement is per batch.
+//
+// # Copies in flight and timeouts
+//
+// Two copies of one message (a %RETRY% copy, or a consume-timeout resend,
+// arriving while the first still runs) serialize: in one process on an
+// in-memory lock per message ID, across processes on the record's row lock.
+// A copy is never acknowledged before the first copy's outcome is durable.
+//
+// The client sends a message back when its listener call runs longer than
+// ConsumeTimeout (15 minutes by default). Config.MaxHandlerDuration bounds
+// each handler execution (the handler's context gets that deadline and a
+// timeout counts as a failed attempt); NewListener refuses a bound that does
+// not fit BatchMaxSize times under ConsumeTimeout.
+//
+// # Clients and topics
+//
+// Each PushConsumer gets its own instance name (InstanceName, unique per
+// process and client): clients sharing an instance name share one internal
+// client and break each other on Shutdown. Name servers are resolved with
+// primitive.NewPassthroughResolver (the client's default resolver is HTTP).
+// The topic must exist before Start (the client refuses to start without a
+// route); EnsureTopic creates it through the admin API. A new group's retry
+// topic %RETRY%<group> is created by the broker only at the group's first
+// heartbeat, after the client has looked up its routes, so the first
+// redeliveries would wait for the client's 30-second route refresh;
+// EnsureRetryTopic creates it before Start.
+//
+// # Shutdown
+//
+// PushConsumer.Shutdown stops taking new messages, lets in-flight handlers
+// finish for up to consumer.Config.ShutdownGrace, shuts the client down (it
+// persists the consumed offsets), then cancels the handlers still running:
+// their transactions roll back and their messages are redelivered later.
+//
+// The committed offset of a queue is the lowest message not yet answered;
+// the client sends it with each pull request and every 5 s. A crash
+// therefore redelivers every message that was not answered yet, including
+// those whose transaction had committed (the window between commit and
+// ack), plus whatever was answered since the offset was last sent; their
+// records make them duplicates.
+//
+// # Retention
+//
+// A record must outlive every copy the broker may still deliver.
+// RedeliveryHorizon sums the delay levels a message passes through up to
+// MaxReconsumeTimes; NewListener refuses a dedup.Config.SucceededRetention
+// that does not exceed it plus one ConsumeTimeout per delivery (see
+// dedup.Store.ValidateRetention).
+package rocketmqadapter
