@@ -27,9 +27,14 @@ services-down: ## stop the services
 services-status: ## show the services' state
 	bash $(SERVICES) status
 
+# BROKER=kafka or BROKER=rocketmq runs one demo; the default runs both.
+BROKER ?= all
+
 .PHONY: demo
-demo: services-up ## run the redelivery demos on real brokers (idemq vs naive)
-	$(ENV); $(GO) run ./examples/payments demo
+demo: services-up ## run the redelivery demos on real brokers, idemq vs naive (BROKER=kafka|rocketmq|all)
+	$(ENV); \
+	if [ "$(BROKER)" = all ] || [ "$(BROKER)" = kafka ]; then $(GO) run ./examples/payments demo; fi; \
+	if [ "$(BROKER)" = all ] || [ "$(BROKER)" = rocketmq ]; then $(GO) run ./examples/rocketmq-orders demo; fi
 
 .PHONY: test
 test: services-up test-unit test-integration ## unit + integration tests with -race on real services (what CI runs)
