@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/kafkapub"
+	"github.com/idemq/idemq/outbox/rocketmqpub"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// dbFlags are the flags naming the outbox table.
+type dbFlags struct {
+	dsn, schema, table string
+}
+
+func (d *dbFlags) register(fs *flag.FlagSet) {
+	def := os.Getenv("IDEMQ_DATABASE_URL")
+	if def == "" {
+		def = os.Getenv("TEST_POSTGRES_DSN")
+	}
+	if def == "" {
+		def = "postgres://idemq:idemq@127.0.0.1:5432/idemq?sslmode=disable"
+	}
+	fs.StringVar(&d.dsn, "dsn", def, "Postgres DSN")
+	fs.StringVar(&d.schema, "schema", "idemq", "schema of the outbox table")
+	fs.StringVar(&d.table, "table", "outbox", "outbox table")
+}
+
+func (d *dbFlags) open(ctx context.Context) (*pgxpool.Pool, *outbox.Outbox, error) {
+	pool, err := pgxpool.New(ctx, d.dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	ob, err := outbox.New(pool, outbox.Config{Schema: d.schema, Table: d.table})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, ob, nil
+}
+
+func runRelay(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("relay", flag.ExitOnError)
+	var d dbFlags
+	d.register(fs)
+	broker := fs.String("broker", "kafka", "kafka or rocketmq")
+	kafkaBrokers := fs.String("kafka-brokers", envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka bootstrap brokers, comma separated")
+	createTopics := fs.Bool("create-topics", false, "Kafka: create missing topics before publishing to them")
+	partitions := fs.Int("partitions", 1, "Kafka: partitions of topics made by -create-topics")
+	namesrv := fs.String("rocketmq-namesrv", envOr("TEST_ROCKETMQ_NAMESRV", "127.0.0.1:9876"), "RocketMQ NameServers, comma separated")
+	migrate := fs.Bool("migrate", true, "create or upgrade the outbox table at start")
+	var cfg outbox.RelayConfig
+	fs.StringVar(&cfg.Name, "name", "", "relay instance name (default host-pid-random)")
+	fs.IntVar(&cfg.BatchSize, "batch-size", 500, "rows per claim transaction")
+	fs.IntVar(&cfg.MaxKeys, "max-keys", 0, "keys per claim transaction (default batch-size)")
+	fs.IntVar(&cfg.Workers, "workers", 1, "concurrent claim transactions")
+	fs.DurationVar(&cfg.PollInterval, "poll", time.Second, "poll interval (fallback to LISTEN/NOTIFY)")
+	fs.BoolVar(&cfg.DisableListen, "no-listen", false, "poll only")
+	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 25, "failed publishes before a row is parked")
+	fs.DurationVar(&cfg.RetryInitial, "retry-initial", time.Second, "first retry delay after a failed publish")
+	fs.DurationVar(&cfg.RetryMax, "retry-max", 5*time.Minute, "retry delay cap")
+	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "keep published rows this long (negative: forever)")
+	verbose := fs.Bool("v", false, "debug logs")
+	_ = fs.Parse(args)
+	if *verbose {
+		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	}
+
+	pool, ob, err := d.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if *migrate {
+		if err := ob.Migrate(ctx); err != nil {
+			return err
+		}
+	}
+	var pub outbox.Publisher
+	switch *broker {
+	case "kafka":
+		p, err := kafkapub.New(kafkapub.Config{Brokers: strings.Split(*kafkaBrokers, ","), CreateTopics: *createTopics, TopicPartitions: *partitions})
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		pub = p
+	case "rocketmq":
+		p, err := rocketmqpub.New(rocketmqpub.Config{NameServers: strings.Split(*namesrv, ",")})
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		pub = p
+	default:
+		return fmt.Errorf("-broker %q: want kafka or rocketmq", *broker)
+	}
+	r, err := outbox.NewRelay(ob, pub, cfg)
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
+
+func runOutbox(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return errors.New("usage: idemq outbox migrate|stats|parked|unpark [flags]")
+	}
+	fs := flag.NewFlagSet("outbox "+args[0], flag.ExitOnError)
+	var d dbFlags
+	d.register(fs)
+	limit := fs.Int("limit", 100, "parked: rows to list")
+	_ = fs.Parse(args[1:])
+	pool, ob, err := d.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	switch args[0] {
+	case "migrate":
+		return ob.Migrate(ctx)
+	case "stats":
+		s, err := ob.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("pending %d\nparked %d\npublished %d\noldest_pending %s\n", s.Pending, s.Parked, s.Published, s.OldestPending.Round(time.Millisecond))
+	case "parked":
+		rows, err := ob.Parked(ctx, *limit)
+		if err != nil {
+			return err
+		}
+		for _, r := range rows {
+			fmt.Printf("%s\t%s\t%q\tattempts=%d\tparked=%s\terror=%s\n", r.ID, r.Topic, r.Key, r.Attempts, r.ParkedAt.Format(time.RFC3339), r.LastError)
+		}
+	case "unpark":
+		var ids []uuid.UUID
+		for _, a := range fs.Args() {
+			id, err := uuid.Parse(a)
+			if err != nil {
+				return fmt.Errorf("unpark %q: %w", a, err)
+			}
+			ids = append(ids, id)
+		}
+		n, err := ob.Unpark(ctx, ids...)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("unparked %d rows\n", n)
+	default:
+		return fmt.Errorf("unknown outbox command %q", args[0])
+	}
+	return nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

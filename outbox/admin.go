@@ -1,0 +1,206 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Row is an outbox row as stored, for inspection, operators and tests.
+type Row struct {
+	// Seq orders rows: database-assigned at insert, increasing.
+	Seq int64
+	// ID is the UUIDv7 message ID.
+	ID uuid.UUID
+	// Topic is Message.Topic.
+	Topic string
+	// Key is Message.Key; nil when the row has none (an empty key is
+	// stored as none).
+	Key []byte
+	// Headers are Message.Headers as written (never the message-ID or
+	// causation header: Envelope adds those).
+	Headers map[string]string
+	// Payload is Message.Payload; nil when it was nil.
+	Payload []byte
+	// CausationID is Message.CausationID ("" when none).
+	CausationID string
+	// CreatedAt is the database time of the insert.
+	CreatedAt time.Time
+	// AvailableAt is when the row may next be published: insert time plus
+	// Message.Delay, then after each failed publish, the failure time plus
+	// the retry delay.
+	AvailableAt time.Time
+	// Attempts counts recorded publish attempts (successful or failed). A
+	// publish whose mark was lost (crash between publish and mark) is not
+	// counted.
+	Attempts int
+	// LastError is the error of the most recent failed publish, at most
+	// 2048 bytes; "" when none.
+	LastError string
+	// LastAttemptAt is the database time of the most recent recorded
+	// attempt (nil when none).
+	LastAttemptAt *time.Time
+	// ParkedAt is set when the row failed RelayConfig.MaxAttempts times;
+	// a parked row is not published, and holds back the later rows of its
+	// key, until an operator calls Unpark.
+	ParkedAt *time.Time
+	// PublishedAt is the database time at which a relay marked the row
+	// published (nil while unpublished).
+	PublishedAt *time.Time
+	// PublishedBy is the RelayConfig.Name of the relay that marked it.
+	PublishedBy string
+}
+
+// ErrNotFound is returned by Get when no row has the ID.
+var ErrNotFound = errors.New("idemq/outbox: row not found")
+
+const rowColumns = `seq, id, topic, key, headers, payload, causation_id, created_at, available_at,
+  attempts, coalesce(last_error, ''), last_attempt_at, parked_at, published_at, coalesce(published_by, '')`
+
+func scanRow(r pgx.Row) (Row, error) {
+	var row Row
+	err := r.Scan(&row.Seq, &row.ID, &row.Topic, &row.Key, &row.Headers, &row.Payload, &row.CausationID,
+		&row.CreatedAt, &row.AvailableAt, &row.Attempts, &row.LastError, &row.LastAttemptAt, &row.ParkedAt,
+		&row.PublishedAt, &row.PublishedBy)
+	return row, err
+}
+
+// Get returns the row with message ID id, or ErrNotFound.
+func (o *Outbox) Get(ctx context.Context, id uuid.UUID) (Row, error) {
+	if o.pool == nil {
+		return Row{}, ErrNoPool
+	}
+	row, err := scanRow(o.pool.QueryRow(ctx, `select `+rowColumns+` from `+o.q.table+` where id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Row{}, ErrNotFound
+	}
+	if err != nil {
+		return Row{}, fmt.Errorf("idemq/outbox: get %s: %w", id, err)
+	}
+	return row, nil
+}
+
+// List returns up to limit rows (1 to 10,000) in seq order, starting after
+// seq afterSeq (0 for the start); pending selects only unpublished rows.
+func (o *Outbox) List(ctx context.Context, afterSeq int64, limit int, pending bool) ([]Row, error) {
+	cond := ""
+	if pending {
+		cond = " and published_at is null"
+	}
+	return o.list(ctx, `select `+rowColumns+` from `+o.q.table+` where seq > $1`+cond+` order by seq limit $2`, afterSeq, limit)
+}
+
+// Parked returns up to limit parked rows (1 to 10,000), oldest first.
+func (o *Outbox) Parked(ctx context.Context, limit int) ([]Row, error) {
+	return o.list(ctx, `select `+rowColumns+` from `+o.q.table+`
+where parked_at is not null and published_at is null and seq > $1 order by seq limit $2`, 0, limit)
+}
+
+func (o *Outbox) list(ctx context.Context, sql string, after int64, limit int) ([]Row, error) {
+	if o.pool == nil {
+		return nil, ErrNoPool
+	}
+	if limit < 1 || limit > 10_000 {
+		return nil, fmt.Errorf("idemq/outbox: limit %d must be 1 to 10000", limit)
+	}
+	rows, err := o.pool.Query(ctx, sql, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("idemq/outbox: list: %w", err)
+	}
+	defer rows.Close()
+	var out []Row
+	for rows.Next() {
+		row, err := scanRow(rows)
+		if err != nil {
+			return nil, fmt.Errorf("idemq/outbox: list: %w", err)
+		}
+		out = append(out, row)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("idemq/outbox: list: %w", err)
+	}
+	return out, nil
+}
+
+// Unpark makes parked rows publishable again now, with attempts reset to 0
+// (the last error is kept), and wakes the relays. It returns how many rows
+// it changed; IDs that are not parked are ignored.
+func (o *Outbox) Unpark(ctx context.Context, ids ...uuid.UUID) (int64, error) {
+	if o.pool == nil {
+		return 0, ErrNoPool
+	}
+	tag, err := o.pool.Exec(ctx, `update `+o.q.table+`
+set parked_at = null, attempts = 0, available_at = now()
+where id = any($1) and parked_at is not null and published_at is null`, ids)
+	if err != nil {
+		return 0, fmt.Errorf("idemq/outbox: unpark: %w", err)
+	}
+	if tag.RowsAffected() > 0 {
+		_, _ = o.pool.Exec(ctx, `select pg_notify($1, '')`, o.q.channel)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Stats is a snapshot of an outbox table.
+type Stats struct {
+	// Pending counts unpublished rows that are not parked (including rows
+	// waiting for a retry or a Delay).
+	Pending int64
+	// Parked counts parked rows.
+	Parked int64
+	// Published counts published rows not yet purged.
+	Published int64
+	// OldestPending is the age of the oldest pending row (database now()
+	// minus its created_at): the relay lag. Zero when nothing is pending.
+	OldestPending time.Duration
+}
+
+// Stats counts the table's rows by state. It scans the table: meant for
+// status pages and tests, not for a hot path.
+func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
+	if o.pool == nil {
+		return Stats{}, ErrNoPool
+	}
+	var s Stats
+	var lagSecs float64
+	err := o.pool.QueryRow(ctx, `select
+  count(*) filter (where published_at is null and parked_at is null),
+  count(*) filter (where published_at is null and parked_at is not null),
+  count(*) filter (where published_at is not null),
+  coalesce(extract(epoch from now() - min(created_at) filter (where published_at is null and parked_at is null)), 0)::float8
+from `+o.q.table).Scan(&s.Pending, &s.Parked, &s.Published, &lagSecs)
+	if err != nil {
+		return Stats{}, fmt.Errorf("idemq/outbox: stats: %w", err)
+	}
+	s.OldestPending = time.Duration(lagSecs * float64(time.Second))
+	return s, nil
+}
+
+// Purge deletes rows published more than olderThan ago (database time), in
+// batches of batch rows (1 to 100,000), until none is left or ctx ends, and
+// returns how many it deleted. Unpublished and parked rows are never
+// deleted. Concurrent purges skip each other's rows. The relay calls it on
+// its own (RelayConfig.Retention).
+func (o *Outbox) Purge(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
+	if o.pool == nil {
+		return 0, ErrNoPool
+	}
+	if batch < 1 || batch > 100_000 || olderThan < 0 {
+		return 0, fmt.Errorf("idemq/outbox: purge: batch %d must be 1 to 100000 and olderThan %s not negative", batch, olderThan)
+	}
+	var total int64
+	for {
+		tag, err := o.pool.Exec(ctx, o.q.purgeSQL, olderThan.Seconds(), batch)
+		if err != nil {
+			return total, fmt.Errorf("idemq/outbox: purge: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) || ctx.Err() != nil {
+			return total, nil
+		}
+	}
+}

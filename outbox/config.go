@@ -1,0 +1,97 @@
+package outbox
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Config configures an Outbox. The zero value of every field means "use the
+// default" given in the field's comment.
+type Config struct {
+	// Schema holds the outbox table. Default "idemq" (the schema of the
+	// dedup tables, so one Migrate per package sets up one schema). Created
+	// by Migrate if absent. A lowercase SQL identifier: [a-z_][a-z0-9_]{0,39}.
+	Schema string
+	// Table is the outbox table. Default "outbox". Same identifier rule as
+	// Schema. Migrate records its version in <Table>_schema_version.
+	Table string
+	// MessageIDHeader is the header (Kafka) or user property (RocketMQ) that
+	// carries a row's message ID (its UUIDv7, canonical text form) on
+	// publish. Default "message-id", the header idemq's broker adapters
+	// read. Add rejects messages that set it themselves.
+	MessageIDHeader string
+	// CausationHeader is the header that carries a row's causation ID (the
+	// dedup identity of the message whose handler wrote it) on publish, when
+	// the row has one. Default "causation-id"; "-" publishes no causation
+	// header (the column is still written). Add rejects messages that set
+	// it themselves.
+	CausationHeader string
+	// DisableNotify turns off the pg_notify that Add sends in the same
+	// statement, which wakes relays blocked in LISTEN as soon as the
+	// transaction commits. Default false (notify). Turn it off when many
+	// writers commit at very high rates (NOTIFY takes a global lock at
+	// commit); relays then find rows by polling (RelayConfig.PollInterval).
+	DisableNotify bool
+}
+
+var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+
+// ErrInvalidConfig is wrapped by every configuration error of this package
+// (Config, RelayConfig).
+var ErrInvalidConfig = errors.New("idemq/outbox: invalid config")
+
+// DefaultMessageIDHeader is the default Config.MessageIDHeader. It equals
+// kafkaadapter.DefaultMessageIDHeader, so an idemq consumer downstream dedups
+// relay republishes without configuration.
+const DefaultMessageIDHeader = "message-id"
+
+// DefaultCausationHeader is the default Config.CausationHeader.
+const DefaultCausationHeader = "causation-id"
+
+func (c Config) withDefaults() Config {
+	if c.Schema == "" {
+		c.Schema = "idemq"
+	}
+	if c.Table == "" {
+		c.Table = "outbox"
+	}
+	if c.MessageIDHeader == "" {
+		c.MessageIDHeader = DefaultMessageIDHeader
+	}
+	if c.CausationHeader == "" {
+		c.CausationHeader = DefaultCausationHeader
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	for _, f := range []struct{ name, v string }{{"Schema", c.Schema}, {"Table", c.Table}} {
+		if !identRe.MatchString(f.v) {
+			return fmt.Errorf("%w: %s %q must match %s", ErrInvalidConfig, f.name, f.v, identRe)
+		}
+	}
+	for _, f := range []struct{ name, v string }{{"MessageIDHeader", c.MessageIDHeader}, {"CausationHeader", c.CausationHeader}} {
+		if len(f.v) > 255 || strings.IndexByte(f.v, 0) >= 0 {
+			return fmt.Errorf("%w: %s %q must be 1 to 255 bytes without NUL", ErrInvalidConfig, f.name, f.v)
+		}
+	}
+	if c.MessageIDHeader == c.CausationHeader {
+		return fmt.Errorf("%w: MessageIDHeader and CausationHeader are both %q", ErrInvalidConfig, c.MessageIDHeader)
+	}
+	return nil
+}
+
+// channel is the LISTEN/NOTIFY channel of an outbox table: "<schema>.<table>",
+// shortened with a hash to fit Postgres's 63-byte identifier limit.
+func (c Config) channel() string {
+	ch := "idemq_outbox:" + c.Schema + "." + c.Table
+	if len(ch) <= 63 {
+		return ch
+	}
+	sum := sha256.Sum256([]byte(ch))
+	return ch[:46] + "~" + hex.EncodeToString(sum[:8])
+}

@@ -1,0 +1,104 @@
+// Package outbox is idemq's transactional outbox: messages written in the
+// same Postgres transaction as the business writes (and, under idemq, as the
+// consumption record), then published by a relay with a stable message ID
+// that the next consumer dedups on.
+//
+// # Writing
+//
+// Inside a dedup.Handler, write rows through the transaction you are given:
+//
+//	func confirm(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+//		if _, err := tx.Exec(ctx, `insert into orders ...`); err != nil {
+//			return err
+//		}
+//		_, err := ob.Add(ctx, tx, outbox.Message{
+//			Topic: "order.confirmed", Key: m.Key, Payload: body,
+//			CausationID: outbox.Causation(m),
+//		})
+//		return err
+//	}
+//
+// Add (one row) and AddBatch (many rows, one round trip) insert rows that
+// commit or roll back with the transaction: a handler that fails leaves no
+// row, and a redelivered duplicate, whose handler idemq does not run, adds
+// none. Each row gets a UUIDv7 message ID, returned by Add. The package-level
+// Add and AddBatch use the default table "idemq"."outbox".
+//
+// # The table
+//
+// One row per message: seq (database-assigned order), id (UUIDv7), topic,
+// key, headers, payload, causation_id (the dedup identity of the message
+// being handled, for tracing), created_at, available_at, attempts,
+// last_error, last_attempt_at, parked_at, published_at, published_by. Schema
+// and table names are configurable (Config) and always quoted with
+// pgx.Identifier. Outbox.Migrate applies the embedded, numbered migrations
+// with tern under the advisory lock that dedup.Store.Migrate uses, recording
+// the version in <table>_schema_version.
+//
+// # Relaying
+//
+// A Relay claims rows in a transaction with SELECT … FOR UPDATE SKIP LOCKED,
+// publishes them through a Publisher while it holds the row locks, marks them
+// published and commits. The locks are the lease: two relays never publish a
+// row at the same time, and a relay that dies (crash, lost connection)
+// releases its rows when Postgres ends its transaction. A crash between the
+// publish and the commit publishes the rows again later with the same message
+// ID, key, headers and bytes; the consumer's dedup (which reads the
+// message-id header or property) absorbs the copy with no user code.
+//
+// Publishers: outbox/kafkapub (kafka-go produce requests with acks=all, one
+// atomic record batch per partition, message ID in the "message-id" header)
+// and outbox/rocketmqpub (SendSync one message at a time, message ID as the
+// "message-id" user property, Keys = the row key).
+//
+// # Order
+//
+// Rows with the same topic and key are published in seq order (insertion
+// order), and a row is never published while an earlier row of its key is
+// unpublished. A relay claims only the earliest unpublished row of a key (its
+// head) plus the rows behind it (up to RelayConfig.MaxKeys keys and
+// RelayConfig.BatchSize rows per transaction), so a key whose head another
+// relay holds is skipped whole: two relays never interleave one key. Heads
+// are found among the oldest unpublished rows and by a round-robin walk over
+// the keys, so a blocked key with a deep backlog never starves the others.
+//
+// Within a batch, a ChainPublisher (both provided publishers are) gets each
+// key's rows as one chain and never stores a later row of a chain unless the
+// earlier ones are stored; any other Publisher gets rounds of at most one row
+// per key, a key's next row only after the previous one was acknowledged.
+// With republishes, consumers see the first copy of every row in order. Rows
+// without a key have no order. Rows of one key written by two concurrent
+// transactions are ordered by seq, which is assigned at insert, not at
+// commit: keep one writer per key at a time (an idemq consumer does: one
+// partition, one message at a time).
+//
+// # Failures
+//
+// A failed publish is recorded on the row (attempts, last_error) and retried
+// after an exponential delay (RelayConfig.RetryInitial doubling up to
+// RetryMax, ±20% jitter); the later rows of its key wait behind it. After
+// RelayConfig.MaxAttempts failures the row is parked: kept with its error,
+// no longer tried, still holding back its key, until Outbox.Unpark. Rows are
+// never dropped. Database errors abort the batch (its rows are published
+// again) and are retried with backoff.
+//
+// # Wake-ups and retention
+//
+// Add sends pg_notify in its insert statement; the relay LISTENs and wakes at
+// commit, and polls every RelayConfig.PollInterval as a fallback (lost
+// notifications, a dropped LISTEN connection, retry times coming due).
+// Published rows are deleted after RelayConfig.Retention, in batches of
+// RelayConfig.PurgeBatch.
+//
+// # Shutdown
+//
+// When Run's context ends, the relay claims nothing new, lets in-flight
+// batches publish and mark for up to RelayConfig.ShutdownGrace, closes its
+// LISTEN connection and returns.
+//
+// # Fault injection
+//
+// RelayConfig.Hooks.AfterPublish runs between the publish and the mark; tests
+// and the order-pipeline demo use it to kill the process or its database
+// connection exactly there (DESIGN §7, scenario S16).
+package outbox

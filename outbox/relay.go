@@ -1,0 +1,634 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Relay publishes outbox rows through a Publisher and marks them published.
+// Any number of relays (goroutines, processes, hosts) may run against one
+// table. Build it with NewRelay and start it with Run; it is safe for
+// concurrent use.
+type Relay struct {
+	ob  *Outbox
+	pub Publisher
+	cfg RelayConfig
+	log *slog.Logger
+
+	running atomic.Bool
+	wakeMu  sync.Mutex
+	wakes   []chan struct{}
+
+	// cursor is where the next key walk starts: (topic, key) of the last key
+	// visited; the zero value is the start.
+	cursorMu  sync.Mutex
+	cursorTop string
+	cursorKey []byte
+
+	batches, claimed, published, failed, parked, purged, dbErrors atomic.Int64
+}
+
+// NewRelay validates cfg and returns a relay for ob's table publishing
+// through pub. It does not touch the database. Errors: ErrNoPool when ob has
+// no pool; errors wrapping ErrInvalidConfig.
+func NewRelay(ob *Outbox, pub Publisher, cfg RelayConfig) (*Relay, error) {
+	if ob == nil || pub == nil {
+		return nil, fmt.Errorf("%w: NewRelay needs an Outbox and a Publisher", ErrInvalidConfig)
+	}
+	if ob.pool == nil {
+		return nil, ErrNoPool
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Relay{ob: ob, pub: pub, cfg: cfg, log: cfg.Logger.With("relay", cfg.Name, "outbox", ob.q.table)}, nil
+}
+
+// Config returns the relay configuration with defaults applied.
+func (r *Relay) Config() RelayConfig { return r.cfg }
+
+// RelayStats are a relay's counters since NewRelay.
+type RelayStats struct {
+	// Batches counts claim transactions that claimed at least one row.
+	Batches int64
+	// Claimed counts rows claimed (a row claimed again after a failure or a
+	// lost mark counts again).
+	Claimed int64
+	// Published counts rows published and marked.
+	Published int64
+	// Failed counts failed publishes recorded (each schedules a retry or
+	// parks the row).
+	Failed int64
+	// Parked counts rows this relay parked.
+	Parked int64
+	// Purged counts published rows deleted by retention.
+	Purged int64
+	// DBErrors counts batches lost to a database error (the claim, the mark
+	// or the commit failed); their rows are published again later.
+	DBErrors int64
+}
+
+// Stats returns the relay's counters.
+func (r *Relay) Stats() RelayStats {
+	return RelayStats{Batches: r.batches.Load(), Claimed: r.claimed.Load(), Published: r.published.Load(),
+		Failed: r.failed.Load(), Parked: r.parked.Load(), Purged: r.purged.Load(), DBErrors: r.dbErrors.Load()}
+}
+
+// ErrRunning is returned by Run when the relay is already running.
+var ErrRunning = errors.New("idemq/outbox: relay already running")
+
+// Run publishes rows until ctx ends, then shuts down gracefully: no new batch
+// is claimed, in-flight batches get RelayConfig.ShutdownGrace to publish and
+// mark, the LISTEN connection is closed. It returns nil after a shutdown
+// caused by ctx. It returns an error at once if the outbox table cannot be
+// read (not migrated, database unreachable), or ErrRunning. Database and
+// broker errors while running are logged, retried with backoff and counted
+// (Stats), never returned.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer r.running.Store(false)
+	if _, err := r.ob.pool.Exec(ctx, `select 1 from `+r.ob.q.table+` limit 0`); err != nil {
+		return fmt.Errorf("idemq/outbox: relay: outbox table %s: %w", r.ob.q.table, err)
+	}
+
+	// work outlives ctx by ShutdownGrace so in-flight batches can finish.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stopGrace := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(r.cfg.ShutdownGrace, cancelWork)
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	defer stopGrace()
+
+	r.wakeMu.Lock()
+	r.wakes = make([]chan struct{}, r.cfg.Workers)
+	for i := range r.wakes {
+		r.wakes[i] = make(chan struct{}, 1)
+	}
+	wakes := r.wakes
+	r.wakeMu.Unlock()
+
+	var wg sync.WaitGroup
+	for _, w := range wakes {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.worker(ctx, work, w) }()
+	}
+	if !r.cfg.DisableListen {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.listen(ctx) }()
+	}
+	if r.cfg.Retention >= 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.purgeLoop(ctx) }()
+	}
+	r.log.Info("idemq: relay started", "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "listen", !r.cfg.DisableListen)
+	wg.Wait()
+	s := r.Stats()
+	r.log.Info("idemq: relay stopped", "published", s.Published, "failed", s.Failed, "parked", s.Parked)
+	return nil
+}
+
+// Wake makes idle workers of a running relay look for rows now, as a
+// notification would. It never blocks.
+func (r *Relay) Wake() {
+	r.wakeMu.Lock()
+	defer r.wakeMu.Unlock()
+	for _, w := range r.wakes {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (r *Relay) worker(ctx, work context.Context, wake <-chan struct{}) {
+	errBackoff := &backoff.ExponentialBackOff{
+		InitialInterval:     100 * time.Millisecond,
+		RandomizationFactor: 0.2,
+		Multiplier:          2,
+		MaxInterval:         5 * time.Second,
+	}
+	errBackoff.Reset()
+	var nextRetry time.Time
+	for ctx.Err() == nil {
+		res, err := r.runBatch(work)
+		wait := r.cfg.PollInterval
+		switch {
+		case err != nil:
+			r.dbErrors.Add(1)
+			wait = errBackoff.NextBackOff()
+			r.log.Warn("idemq: relay batch failed; its rows will be published again", "err", err, "retry_in", wait)
+		case res.Claimed > 0:
+			errBackoff.Reset()
+			if res.RetryIn > 0 {
+				if t := time.Now().Add(res.RetryIn); nextRetry.IsZero() || t.Before(nextRetry) {
+					nextRetry = t
+				}
+			}
+			continue // more rows may be waiting
+		default:
+			errBackoff.Reset()
+		}
+		if !nextRetry.IsZero() {
+			if d := time.Until(nextRetry); d < wait {
+				wait = max(d, time.Millisecond)
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-t.C:
+			if !nextRetry.IsZero() && !time.Now().Before(nextRetry) {
+				nextRetry = time.Time{}
+			}
+		}
+		t.Stop()
+	}
+}
+
+// listen holds a LISTEN connection and wakes the workers on each
+// notification, reconnecting with backoff; after every (re)connect it wakes
+// them once, in case notifications were missed meanwhile.
+func (r *Relay) listen(ctx context.Context) {
+	b := &backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: 10 * time.Second}
+	b.Reset()
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := r.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > time.Minute {
+			b.Reset()
+		}
+		d := b.NextBackOff()
+		r.log.Warn("idemq: relay LISTEN connection lost; polling meanwhile", "err", err, "retry_in", d)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context) error {
+	pc, err := r.ob.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// A LISTENing connection never goes back to the pool.
+	conn := pc.Hijack()
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, r.ob.q.listenSQL); err != nil {
+		return err
+	}
+	r.Wake()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		r.Wake()
+	}
+}
+
+func (r *Relay) purgeLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.PurgeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := r.ob.Purge(ctx, r.cfg.Retention, r.cfg.PurgeBatch)
+		r.purged.Add(n)
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("idemq: outbox purge failed; will retry", "err", err)
+		} else if n > 0 {
+			r.log.Debug("idemq: outbox purged", "rows", n)
+		}
+	}
+}
+
+// BatchResult reports one claim transaction.
+type BatchResult struct {
+	// Claimed is how many rows the transaction took (heads and followers).
+	Claimed int
+	// Published is how many were published and marked.
+	Published int
+	// Failed is how many publishes failed and were recorded.
+	Failed int
+	// Parked is how many of the failed rows were parked.
+	Parked int
+	// RetryIn is the shortest retry delay given to a failed row (0 if none).
+	RetryIn time.Duration
+}
+
+// RunOnce claims one batch, publishes it and marks it, in one transaction,
+// and reports what happened; a zero BatchResult means nothing was ready. It
+// is what each worker of Run does in a loop, exported for tests, benchmarks
+// and custom schedulers. It may run concurrently with Run and other relays.
+// A non-nil error means the batch was lost to a database error (its rows
+// will be published again) or the AfterPublish hook failed.
+func (r *Relay) RunOnce(ctx context.Context) (BatchResult, error) {
+	res, err := r.runBatch(ctx)
+	if err != nil {
+		r.dbErrors.Add(1)
+	}
+	return res, err
+}
+
+// item is one claimed row.
+type item struct {
+	seq      int64
+	attempts int
+	env      Envelope
+}
+
+type failure struct {
+	item
+	err error
+}
+
+func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
+	var res BatchResult
+	tx, err := r.ob.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return res, fmt.Errorf("idemq/outbox: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	chains, err := r.claim(ctx, tx)
+	if err != nil {
+		return res, err
+	}
+	for _, c := range chains {
+		res.Claimed += len(c)
+	}
+	if res.Claimed == 0 {
+		return res, nil
+	}
+	r.batches.Add(1)
+	r.claimed.Add(int64(res.Claimed))
+
+	published, failed := publishChains(ctx, r.pub, chains, r.cfg.PublishTimeout)
+
+	// The mark must land even when ctx ended during the publish: whatever
+	// was published is recorded, so a graceful shutdown republishes nothing.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if h := r.cfg.Hooks.AfterPublish; h != nil && len(published) > 0 {
+		envs := make([]Envelope, len(published))
+		for i, it := range published {
+			envs[i] = it.env
+		}
+		if err := h(mctx, tx, envs); err != nil {
+			return res, fmt.Errorf("idemq/outbox: after-publish hook: %w", err)
+		}
+	}
+	if len(published) > 0 {
+		seqs := make([]int64, len(published))
+		for i, it := range published {
+			seqs[i] = it.seq
+		}
+		if _, err := tx.Exec(mctx, r.ob.q.publishedSQL, seqs, r.cfg.Name); err != nil {
+			return res, fmt.Errorf("idemq/outbox: mark %d rows published: %w", len(seqs), err)
+		}
+	}
+	var parkedIDs []uuid.UUID
+	if len(failed) > 0 {
+		seqs := make([]int64, len(failed))
+		texts := make([]string, len(failed))
+		delays := make([]float64, len(failed))
+		for i, f := range failed {
+			seqs[i] = f.seq
+			texts[i] = errorText(f.err, r.cfg.MaxErrorBytes)
+			d := retryDelay(f.attempts+1, r.cfg.RetryInitial, r.cfg.RetryMax, rand.Float64())
+			delays[i] = d.Seconds()
+			if res.RetryIn == 0 || d < res.RetryIn {
+				res.RetryIn = d
+			}
+		}
+		rows, err := tx.Query(mctx, r.ob.q.failedSQL, seqs, texts, delays, r.cfg.MaxAttempts)
+		if err != nil {
+			return res, fmt.Errorf("idemq/outbox: record %d failed publishes: %w", len(seqs), err)
+		}
+		for rows.Next() {
+			var seq int64
+			var id uuid.UUID
+			var parked bool
+			if err := rows.Scan(&seq, &id, &parked); err != nil {
+				rows.Close()
+				return res, fmt.Errorf("idemq/outbox: record failed publishes: %w", err)
+			}
+			if parked {
+				parkedIDs = append(parkedIDs, id)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return res, fmt.Errorf("idemq/outbox: record %d failed publishes: %w", len(seqs), err)
+		}
+	}
+	if err := tx.Commit(mctx); err != nil {
+		return res, fmt.Errorf("idemq/outbox: commit batch: %w", err)
+	}
+	res.Published, res.Failed, res.Parked = len(published), len(failed), len(parkedIDs)
+	r.published.Add(int64(res.Published))
+	r.failed.Add(int64(res.Failed))
+	r.parked.Add(int64(res.Parked))
+	if len(failed) > 0 {
+		r.log.Warn("idemq: outbox publish failed; will retry", "failed", len(failed), "published", len(published),
+			"retry_in", res.RetryIn, "err", failed[0].err)
+	}
+	for _, id := range parkedIDs {
+		r.log.Error("idemq: outbox row parked after too many failed publishes; its key is held until Unpark",
+			"id", id, "max_attempts", r.cfg.MaxAttempts)
+	}
+	return res, nil
+}
+
+// claim locks up to MaxKeys heads and reads the followers of their keys,
+// and returns one chain per head (see buildChains). Candidates for heads come
+// from the oldest unpublished rows and from a walk over the keys that
+// resumes where the previous claim of this relay stopped (round robin), so
+// every key progresses however deep the backlog of other keys.
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([][]item, error) {
+	r.cursorMu.Lock()
+	topic, key := r.cursorTop, r.cursorKey
+	r.cursorMu.Unlock()
+	if key == nil {
+		key = []byte{}
+	}
+	rows, err := tx.Query(ctx, r.ob.q.keysSQL, topic, key, r.cfg.MaxKeys)
+	if err != nil {
+		return nil, fmt.Errorf("idemq/outbox: claim: walk keys: %w", err)
+	}
+	var cands []int64
+	var lastTopic string
+	var lastKey []byte
+	for rows.Next() {
+		var seq int64
+		if err := rows.Scan(&lastTopic, &lastKey, &seq); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("idemq/outbox: claim: walk keys: %w", err)
+		}
+		cands = append(cands, seq)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("idemq/outbox: claim: walk keys: %w", err)
+	}
+	r.cursorMu.Lock()
+	if len(cands) < r.cfg.MaxKeys {
+		r.cursorTop, r.cursorKey = "", nil // the walk reached the end: start over
+	} else {
+		r.cursorTop, r.cursorKey = lastTopic, lastKey
+	}
+	r.cursorMu.Unlock()
+
+	rows, err = tx.Query(ctx, r.ob.q.headsSQL, 2*r.cfg.MaxKeys, cands, r.cfg.MaxKeys)
+	if err != nil {
+		return nil, fmt.Errorf("idemq/outbox: claim: %w", err)
+	}
+	var heads []item
+	var hTopics []string
+	var hKeys [][]byte
+	var hSeqs []int64
+	for rows.Next() {
+		it, err := r.scanItem(rows, nil)
+		if err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("idemq/outbox: claim: %w", err)
+		}
+		if it.env.Key != nil {
+			hTopics, hKeys, hSeqs = append(hTopics, it.env.Topic), append(hKeys, it.env.Key), append(hSeqs, it.seq)
+		}
+		heads = append(heads, it)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("idemq/outbox: claim: %w", err)
+	}
+	room := r.cfg.BatchSize - len(heads)
+	if room <= 0 || len(hSeqs) == 0 {
+		return buildChains(heads, nil), nil
+	}
+	// Each key gets an equal share of the room, so one deep key cannot
+	// crowd out the others (and the read is bounded by room rows).
+	perKey := max(1, room/len(hSeqs))
+	rows, err = tx.Query(ctx, r.ob.q.followersSQL, hTopics, hKeys, hSeqs, perKey)
+	if err != nil {
+		return nil, fmt.Errorf("idemq/outbox: claim followers: %w", err)
+	}
+	defer rows.Close()
+	var followers []follower
+	for rows.Next() {
+		var f follower
+		if f.item, err = r.scanItem(rows, &f.ready); err != nil {
+			return nil, fmt.Errorf("idemq/outbox: claim followers: %w", err)
+		}
+		followers = append(followers, f)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("idemq/outbox: claim followers: %w", err)
+	}
+	return buildChains(heads, followers), nil
+}
+
+// follower is an unpublished row behind a claimed head; ready is false when
+// it must hold back its key (delayed, or parked).
+type follower struct {
+	item
+	ready bool
+}
+
+// buildChains returns one chain per head: the head, then the followers of
+// its key (given in seq order), ending before the first follower that is not
+// ready. Keyless heads have no followers.
+func buildChains(heads []item, followers []follower) [][]item {
+	chains := make([][]item, len(heads))
+	byKey := make(map[string]int, len(heads))
+	for i, h := range heads {
+		chains[i] = []item{h}
+		if h.env.Key != nil {
+			byKey[chainKey(h.env.Topic, h.env.Key)] = i
+		}
+	}
+	closed := map[int]bool{}
+	for _, f := range followers {
+		i, ok := byKey[chainKey(f.env.Topic, f.env.Key)]
+		switch {
+		case !ok || closed[i] || f.seq <= chains[i][len(chains[i])-1].seq:
+		case !f.ready:
+			closed[i] = true
+		default:
+			chains[i] = append(chains[i], f.item)
+		}
+	}
+	return chains
+}
+
+func (r *Relay) scanItem(rows pgx.Rows, ready *bool) (item, error) {
+	var row Row
+	var it item
+	dest := []any{&it.seq, &row.ID, &row.Topic, &row.Key, &row.Headers, &row.Payload, &row.CausationID, &it.attempts}
+	if ready != nil {
+		dest = append(dest, ready)
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return item{}, err
+	}
+	it.env = r.ob.Envelope(row)
+	return it, nil
+}
+
+func chainKey(topic string, key []byte) string { return topic + "\x00" + string(key) }
+
+// publishChains publishes chains and reports which rows were acknowledged
+// and which failed. A failed row ends its chain for this batch (the rest wait
+// for it). Rows not acknowledged because ctx ended are in neither result (a
+// shutdown is not an attempt). A ChainPublisher gets all chains in one call;
+// any other Publisher gets rounds: round k sends the k-th row of every chain
+// whose earlier rows were all acknowledged, so one call never holds two rows
+// of a key, and a key's row is sent only after its previous row was
+// acknowledged.
+func publishChains(ctx context.Context, pub Publisher, chains [][]item, timeout time.Duration) (published []item, failed []failure) {
+	if cp, ok := pub.(ChainPublisher); ok {
+		return publishChainsAtOnce(ctx, cp, chains, timeout)
+	}
+	pos := make([]int, len(chains))
+	active := make([]int, 0, len(chains))
+	for i, c := range chains {
+		if len(c) > 0 {
+			active = append(active, i)
+		}
+	}
+	batch := make([]Envelope, 0, len(active))
+	for len(active) > 0 && ctx.Err() == nil {
+		batch = batch[:0]
+		for _, c := range active {
+			batch = append(batch, chains[c][pos[c]].env)
+		}
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		errs := perEnvelope(pctx, pub, batch)
+		cancel()
+		next := active[:0]
+		for j, c := range active {
+			it := chains[c][pos[c]]
+			switch {
+			case errs[j] == nil:
+				published = append(published, it)
+				if pos[c]++; pos[c] < len(chains[c]) {
+					next = append(next, c)
+				}
+			case ctx.Err() != nil:
+				// Our own shutdown, not the broker's fault: not an attempt.
+			default:
+				failed = append(failed, failure{item: it, err: errs[j]})
+			}
+		}
+		active = next
+	}
+	return published, failed
+}
+
+func publishChainsAtOnce(ctx context.Context, cp ChainPublisher, chains [][]item, timeout time.Duration) (published []item, failed []failure) {
+	envs := make([][]Envelope, len(chains))
+	for i, c := range chains {
+		envs[i] = make([]Envelope, len(c))
+		for j, it := range c {
+			envs[i][j] = it.env
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	res := perChain(pctx, cp, envs)
+	cancel()
+	for i, c := range chains {
+		n := min(max(res[i].Acked, 0), len(c))
+		published = append(published, c[:n]...)
+		if n < len(c) && ctx.Err() == nil {
+			err := res[i].Err
+			if err == nil {
+				err = errors.New("idemq/outbox: publisher acknowledged part of a chain without an error")
+			}
+			failed = append(failed, failure{item: c[n], err: err})
+		}
+	}
+	return published, failed
+}
+
+// retryDelay is the delay after the attempt-th failed publish of a row
+// (attempt >= 1): initial·2^(attempt-1), capped at max, times a jitter
+// factor in [0.8, 1.2) drawn from rnd in [0, 1), never above max.
+func retryDelay(attempt int, initial, max time.Duration, rnd float64) time.Duration {
+	if attempt < 1 {
+		attempt = 1
+	}
+	d := float64(initial) * math.Pow(2, float64(min(attempt-1, 62)))
+	if d > float64(max) {
+		d = float64(max)
+	}
+	d *= 0.8 + 0.4*rnd
+	if d > float64(max) {
+		d = float64(max)
+	}
+	return time.Duration(d)
+}

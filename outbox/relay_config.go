@@ -1,0 +1,169 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// RelayConfig configures a Relay. Every zero value means the default given in
+// the field's comment.
+type RelayConfig struct {
+	// Name identifies this relay instance in logs and in the published_by
+	// column. Default "<hostname>-<pid>-<4 random hex digits>". At most 255
+	// bytes.
+	Name string
+	// BatchSize is the most rows one claim transaction publishes: the
+	// earliest unpublished row (head) of up to MaxKeys keys, then up to
+	// (BatchSize−heads)/heads following rows of each of those keys, so
+	// BatchSize rows in all at most. Default 500; 1 to
+	// 10,000. The rows stay locked (FOR UPDATE) while they are published,
+	// so a larger batch holds more locks for longer.
+	BatchSize int
+	// MaxKeys is the most keys one batch takes (its heads). Default
+	// BatchSize; 1 to BatchSize. Relays share work by key: a key whose head
+	// one relay holds is skipped by the others, so with few keys a lower
+	// MaxKeys lets several relays work at once, at the cost of more rounds
+	// per batch (a batch of BatchSize rows over MaxKeys keys needs about
+	// BatchSize/MaxKeys publish rounds).
+	MaxKeys int
+	// Workers is how many claim transactions one relay runs at once, each on
+	// its own connection. Default 1; 1 to 64. Several relays (processes)
+	// may run against one table as well; they share work through SKIP
+	// LOCKED.
+	Workers int
+	// PollInterval is how often an idle worker looks for rows without being
+	// woken: the fallback when a notification is lost, when LISTEN is off,
+	// and for rows whose retry time or Delay has come. Default 1s; 10ms to
+	// 1h.
+	PollInterval time.Duration
+	// DisableListen turns off LISTEN (one extra connection per relay, held
+	// for its lifetime), leaving polling only. Default false (listen).
+	DisableListen bool
+	// PublishTimeout bounds one Publish call (one round of a batch: at most
+	// one row per key). A publish that times out counts as failed. Default
+	// 30s; 100ms to 10m.
+	PublishTimeout time.Duration
+	// RetryInitial is the delay before a row whose publish failed is tried
+	// again; it doubles with each further failure (±20% jitter) up to
+	// RetryMax. Default 1s; 1ms to RetryMax. The row's later rows (same
+	// key) wait behind it.
+	RetryInitial time.Duration
+	// RetryMax caps the retry delay. Default 5m; at least RetryInitial, at
+	// most 24h.
+	RetryMax time.Duration
+	// MaxAttempts is how many failed publishes park a row: it keeps its last
+	// error, is no longer tried, and holds back the later rows of its key,
+	// until an operator calls Outbox.Unpark. Rows are never dropped.
+	// Default 25 (with the default delays, about 1.5 hours of retries);
+	// 1 to 1,000,000.
+	MaxAttempts int
+	// MaxErrorBytes bounds the last_error text, in bytes. Default 2048; at
+	// least 64.
+	MaxErrorBytes int
+	// Retention is how long published rows are kept before the relay purges
+	// them (database time). Default 24h. Negative: never purge. Zero means
+	// the default; use 1ns to purge at once.
+	Retention time.Duration
+	// PurgeInterval is how often the relay purges. Default 1m; at least 1s.
+	PurgeInterval time.Duration
+	// PurgeBatch is how many rows one purge statement deletes; a purge runs
+	// statements until fewer are left. Default 1000; 1 to 100,000.
+	PurgeBatch int
+	// ShutdownGrace is how long in-flight batches may finish (publish and
+	// mark) after Run's context ends. After it, their publish is canceled
+	// and what was published is still marked. Default 10s; not negative.
+	ShutdownGrace time.Duration
+	// Logger receives warnings (failed publishes, database errors) and
+	// errors (parked rows). Default slog.Default().
+	Logger *slog.Logger
+	// Hooks are fault-injection points for tests and demos. Default none.
+	Hooks Hooks
+}
+
+// Hooks let tests and demos inject failures at the points where a relay's
+// correctness is at stake. Leave them nil in production.
+type Hooks struct {
+	// AfterPublish runs after the rows of a batch were published and before
+	// they are marked published, in the claim transaction tx (which still
+	// holds the rows' locks). A non-nil error rolls the transaction back:
+	// the rows stay unpublished and are published again later with the same
+	// message IDs and bytes, as after a crash at that point. A hook may
+	// also kill the process or terminate tx's backend.
+	AfterPublish func(ctx context.Context, tx pgx.Tx, published []Envelope) error
+}
+
+func (c RelayConfig) withDefaults() RelayConfig {
+	if c.Name == "" {
+		host, _ := os.Hostname()
+		b := make([]byte, 2)
+		_, _ = rand.Read(b)
+		c.Name = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+	}
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defInt := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defInt(&c.BatchSize, 500)
+	defInt(&c.MaxKeys, c.BatchSize)
+	defInt(&c.Workers, 1)
+	def(&c.PollInterval, time.Second)
+	def(&c.PublishTimeout, 30*time.Second)
+	def(&c.RetryInitial, time.Second)
+	def(&c.RetryMax, 5*time.Minute)
+	defInt(&c.MaxAttempts, 25)
+	defInt(&c.MaxErrorBytes, 2048)
+	def(&c.Retention, 24*time.Hour)
+	def(&c.PurgeInterval, time.Minute)
+	defInt(&c.PurgeBatch, 1000)
+	def(&c.ShutdownGrace, 10*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c RelayConfig) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case len(c.Name) > 255:
+		return bad("Name is %d bytes, at most 255", len(c.Name))
+	case c.BatchSize < 1 || c.BatchSize > 10_000:
+		return bad("BatchSize %d must be 1 to 10000", c.BatchSize)
+	case c.MaxKeys < 1 || c.MaxKeys > c.BatchSize:
+		return bad("MaxKeys %d must be 1 to BatchSize (%d)", c.MaxKeys, c.BatchSize)
+	case c.Workers < 1 || c.Workers > 64:
+		return bad("Workers %d must be 1 to 64", c.Workers)
+	case c.PollInterval < 10*time.Millisecond || c.PollInterval > time.Hour:
+		return bad("PollInterval %s must be 10ms to 1h", c.PollInterval)
+	case c.PublishTimeout < 100*time.Millisecond || c.PublishTimeout > 10*time.Minute:
+		return bad("PublishTimeout %s must be 100ms to 10m", c.PublishTimeout)
+	case c.RetryInitial < time.Millisecond || c.RetryMax < c.RetryInitial || c.RetryMax > 24*time.Hour:
+		return bad("RetryInitial %s and RetryMax %s must satisfy 1ms <= RetryInitial <= RetryMax <= 24h", c.RetryInitial, c.RetryMax)
+	case c.MaxAttempts < 1 || c.MaxAttempts > 1_000_000:
+		return bad("MaxAttempts %d must be 1 to 1000000", c.MaxAttempts)
+	case c.MaxErrorBytes < 64:
+		return bad("MaxErrorBytes %d must be at least 64", c.MaxErrorBytes)
+	case c.PurgeInterval < time.Second:
+		return bad("PurgeInterval %s must be at least 1s", c.PurgeInterval)
+	case c.PurgeBatch < 1 || c.PurgeBatch > 100_000:
+		return bad("PurgeBatch %d must be 1 to 100000", c.PurgeBatch)
+	case c.ShutdownGrace < 0:
+		return bad("ShutdownGrace %s must not be negative", c.ShutdownGrace)
+	}
+	return nil
+}

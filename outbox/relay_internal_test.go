@@ -1,0 +1,346 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+func env(topic, key string, n int) item {
+	var k []byte
+	if key != "" {
+		k = []byte(key)
+	}
+	return item{seq: int64(n), env: Envelope{ID: uuid.Must(uuid.NewV7()), Topic: topic, Key: k, Payload: []byte(fmt.Sprint(n))}}
+}
+
+// recorder is a Publisher that records calls and fails envelopes chosen by
+// fail.
+type recorder struct {
+	mu    sync.Mutex
+	calls [][]string
+	fail  func(call int, e Envelope) error
+}
+
+func (r *recorder) Publish(_ context.Context, batch []Envelope) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var names []string
+	errs := make(PublishErrors, len(batch))
+	failed := false
+	for i, e := range batch {
+		names = append(names, string(e.Key)+":"+string(e.Payload))
+		if r.fail != nil {
+			if errs[i] = r.fail(len(r.calls), e); errs[i] != nil {
+				failed = true
+			}
+		}
+	}
+	r.calls = append(r.calls, names)
+	if failed {
+		return errs
+	}
+	return nil
+}
+
+func TestPublishChainsRoundsKeepKeyOrder(t *testing.T) {
+	chains := [][]item{
+		{env("t", "a", 1), env("t", "a", 3), env("t", "a", 5)},
+		{env("t", "b", 2), env("t", "b", 4)},
+		{env("t", "", 6)},
+	}
+	r := &recorder{}
+	pub, failed := publishChains(context.Background(), r, chains, time.Second)
+	if len(failed) != 0 || len(pub) != 6 {
+		t.Fatalf("published %d failed %d", len(pub), len(failed))
+	}
+	want := "[[a:1 b:2 :6] [a:3 b:4] [a:5]]"
+	if got := fmt.Sprint(r.calls); got != want {
+		t.Fatalf("rounds = %s, want %s", got, want)
+	}
+}
+
+func TestPublishChainsFailureStopsItsKeyOnly(t *testing.T) {
+	chains := [][]item{
+		{env("t", "a", 1), env("t", "a", 3), env("t", "a", 5)},
+		{env("t", "b", 2), env("t", "b", 4)},
+	}
+	r := &recorder{fail: func(call int, e Envelope) error {
+		if string(e.Payload) == "3" {
+			return errors.New("broker said no")
+		}
+		return nil
+	}}
+	pub, failed := publishChains(context.Background(), r, chains, time.Second)
+	var got []string
+	for _, it := range pub {
+		got = append(got, string(it.env.Payload))
+	}
+	if strings.Join(got, ",") != "1,2,4" {
+		t.Fatalf("published %v, want 1,2,4", got)
+	}
+	if len(failed) != 1 || string(failed[0].env.Payload) != "3" || !strings.Contains(failed[0].err.Error(), "broker said no") {
+		t.Fatalf("failed = %+v", failed)
+	}
+	// Row 5 was never sent: it waits behind 3.
+	if fmt.Sprint(r.calls) != "[[a:1 b:2] [a:3 b:4]]" {
+		t.Fatalf("calls = %v", r.calls)
+	}
+}
+
+func TestPublishChainsWholeBatchErrorAndPanic(t *testing.T) {
+	chains := [][]item{{env("t", "a", 1), env("t", "a", 2)}, {env("t", "b", 3)}}
+	pub, failed := publishChains(context.Background(), PublisherFunc(func(context.Context, []Envelope) error {
+		return errors.New("connection refused")
+	}), chains, time.Second)
+	if len(pub) != 0 || len(failed) != 2 {
+		t.Fatalf("published %d failed %d, want 0 and 2 (the heads)", len(pub), len(failed))
+	}
+	pub, failed = publishChains(context.Background(), PublisherFunc(func(context.Context, []Envelope) error {
+		panic("boom")
+	}), chains, time.Second)
+	if len(pub) != 0 || len(failed) != 2 || !strings.Contains(failed[0].err.Error(), "panic: boom") {
+		t.Fatalf("panic: published %d failed %+v", len(pub), failed)
+	}
+}
+
+func TestPublishChainsShutdownIsNotAnAttempt(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	chains := [][]item{{env("t", "a", 1), env("t", "a", 2)}}
+	calls := 0
+	pub, failed := publishChains(ctx, PublisherFunc(func(ctx context.Context, b []Envelope) error {
+		calls++
+		if calls == 2 {
+			cancel()
+			return ctx.Err()
+		}
+		return nil
+	}), chains, time.Second)
+	if len(pub) != 1 || len(failed) != 0 {
+		t.Fatalf("published %d failed %d, want 1 and 0", len(pub), len(failed))
+	}
+}
+
+func TestPublishChainsTimeoutIsAFailure(t *testing.T) {
+	chains := [][]item{{env("t", "a", 1)}}
+	pub, failed := publishChains(context.Background(), PublisherFunc(func(ctx context.Context, b []Envelope) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}), chains, 20*time.Millisecond)
+	if len(pub) != 0 || len(failed) != 1 || !errors.Is(failed[0].err, context.DeadlineExceeded) {
+		t.Fatalf("published %d failed %+v", len(pub), failed)
+	}
+}
+
+func TestRetryDelay(t *testing.T) {
+	cases := []struct {
+		attempt int
+		rnd     float64
+		want    time.Duration
+	}{
+		{1, 0.5, time.Second},
+		{2, 0.5, 2 * time.Second},
+		{4, 0.5, 8 * time.Second},
+		{1, 0, 800 * time.Millisecond},
+		{1, 0.999999, 1199999600 * time.Nanosecond},
+		{20, 0.5, time.Minute},
+		{20, 0.999, time.Minute}, // jitter never exceeds the cap
+		{20, 0, 48 * time.Second},
+		{1000, 0.5, time.Minute},
+		{0, 0.5, time.Second},
+	}
+	for _, c := range cases {
+		got := retryDelay(c.attempt, time.Second, time.Minute, c.rnd)
+		if d := got - c.want; d < -time.Microsecond || d > time.Microsecond {
+			t.Errorf("retryDelay(%d, rnd %v) = %s, want %s", c.attempt, c.rnd, got, c.want)
+		}
+	}
+}
+
+func TestPerEnvelopeMapsErrors(t *testing.T) {
+	batch := make([]Envelope, 3)
+	bad := errors.New("bad")
+	// Wrong length: the whole batch failed.
+	errs := perEnvelope(context.Background(), PublisherFunc(func(context.Context, []Envelope) error {
+		return PublishErrors{nil, bad}
+	}), batch)
+	for i, err := range errs {
+		if err == nil {
+			t.Fatalf("errs[%d] nil for a malformed PublishErrors", i)
+		}
+	}
+	errs = perEnvelope(context.Background(), PublisherFunc(func(context.Context, []Envelope) error {
+		return fmt.Errorf("wrapped: %w", PublishErrors{nil, bad, nil})
+	}), batch)
+	if errs[0] != nil || errs[1] != bad || errs[2] != nil {
+		t.Fatalf("errs = %v", errs)
+	}
+	pe := PublishErrors{nil, bad, errors.New("worse")}
+	if !errors.Is(pe, bad) || !strings.Contains(pe.Error(), "2 of 3 failed; first: bad") {
+		t.Fatalf("PublishErrors = %q", pe.Error())
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, c := range []Config{
+		{Schema: "Bad"}, {Table: "x;drop"}, {Schema: strings.Repeat("a", 41)},
+		{MessageIDHeader: "h", CausationHeader: "h"},
+	} {
+		if _, err := New(nil, c); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", c, err)
+		}
+	}
+	o, err := New(nil, Config{Schema: strings.Repeat("s", 40), Table: strings.Repeat("t", 40)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch := o.cfg.channel(); len(ch) != 63 || !strings.HasPrefix(ch, "idemq_outbox:sss") {
+		t.Fatalf("channel %q (%d bytes)", ch, len(ch))
+	}
+	if ch := (Config{Schema: "idemq", Table: "outbox"}).channel(); ch != "idemq_outbox:idemq.outbox" {
+		t.Fatalf("channel %q", ch)
+	}
+	for _, rc := range []RelayConfig{
+		{BatchSize: -1}, {BatchSize: 10_001}, {Workers: 65}, {PollInterval: time.Millisecond},
+		{PublishTimeout: time.Millisecond}, {RetryInitial: time.Minute, RetryMax: time.Second},
+		{MaxAttempts: -1}, {MaxErrorBytes: 10}, {PurgeInterval: time.Millisecond}, {PurgeBatch: -5},
+		{ShutdownGrace: -time.Second}, {Name: strings.Repeat("n", 256)}, {BatchSize: 10, MaxKeys: 11}, {MaxKeys: -1},
+	} {
+		if err := rc.withDefaults().validate(); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("RelayConfig %+v: %v, want ErrInvalidConfig", rc, err)
+		}
+	}
+	d := RelayConfig{}.withDefaults()
+	if d.BatchSize != 500 || d.MaxKeys != 500 || d.Workers != 1 || d.PollInterval != time.Second || d.MaxAttempts != 25 ||
+		d.Retention != 24*time.Hour || d.RetryInitial != time.Second || d.RetryMax != 5*time.Minute || d.Name == "" {
+		t.Fatalf("defaults = %+v", d)
+	}
+	if err := d.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewRelay(o, PublisherFunc(nil), RelayConfig{}); !errors.Is(err, ErrNoPool) {
+		t.Fatalf("NewRelay without pool: %v", err)
+	}
+}
+
+func TestMessageValidation(t *testing.T) {
+	o, _ := New(nil, Config{})
+	ok := Message{Topic: "orders", Key: []byte("k"), Headers: map[string]string{"trace": "x"}, Payload: []byte("{}")}
+	if err := o.validate(&ok); err != nil {
+		t.Fatal(err)
+	}
+	bad := []Message{
+		{},
+		{Topic: strings.Repeat("t", 250)},
+		{Topic: "a\x00b"},
+		{Topic: "t", Key: make([]byte, MaxKeyBytes+1)},
+		{Topic: "t", Headers: map[string]string{"": "x"}},
+		{Topic: "t", Headers: map[string]string{"h": "a\x00"}},
+		{Topic: "t", Headers: map[string]string{"message-id": "mine"}},
+		{Topic: "t", Headers: map[string]string{"causation-id": "mine"}},
+		{Topic: "t", CausationID: string([]byte{0xff})},
+		{Topic: "t", Delay: -time.Second},
+	}
+	for _, m := range bad {
+		if err := o.validate(&m); !errors.Is(err, ErrInvalidMessage) {
+			t.Errorf("validate(%+v) = %v, want ErrInvalidMessage", m, err)
+		}
+	}
+	if _, err := o.AddBatch(context.Background(), nil, []Message{ok}); !errors.Is(err, ErrNilTx) {
+		t.Fatalf("nil tx: %v", err)
+	}
+	noCause, _ := New(nil, Config{CausationHeader: "-"})
+	if err := noCause.validate(&Message{Topic: "t", Headers: map[string]string{"causation-id": "free"}}); err != nil {
+		t.Fatalf("causation header free when disabled: %v", err)
+	}
+}
+
+func TestClip(t *testing.T) {
+	if got := clip("héllo wörld", 8); got != "héll…" {
+		t.Fatalf("clip = %q", got)
+	}
+	if got := clip("a\x00b", 10); got != "a\uFFFDb" {
+		t.Fatalf("clip = %q", got)
+	}
+}
+
+func TestBuildChains(t *testing.T) {
+	f := func(it item, ready bool) follower { return follower{item: it, ready: ready} }
+	heads := []item{env("t", "a", 1), env("t", "b", 2), env("t", "", 3), env("u", "a", 4)}
+	chains := buildChains(heads, []follower{
+		f(env("t", "a", 5), true),
+		f(env("t", "b", 6), false), // delayed: holds b back
+		f(env("t", "a", 7), true),
+		f(env("t", "b", 8), true), // behind the delayed row: not taken
+		f(env("u", "a", 9), true), // same key, other topic: its own chain
+		f(env("t", "zz", 10), true),
+	})
+	var got []string
+	for _, c := range chains {
+		var s []string
+		for _, it := range c {
+			s = append(s, fmt.Sprint(it.seq))
+		}
+		got = append(got, strings.Join(s, ","))
+	}
+	if want := "1,5,7|2|3|4,9"; strings.Join(got, "|") != want {
+		t.Fatalf("chains = %s, want %s", strings.Join(got, "|"), want)
+	}
+}
+
+// chainPub is a ChainPublisher double.
+type chainPub struct {
+	PublisherFunc
+	res func(chains [][]Envelope) []ChainResult
+}
+
+func (c chainPub) PublishChains(_ context.Context, chains [][]Envelope) []ChainResult {
+	return c.res(chains)
+}
+
+func TestPublishChainsUsesChainPublisher(t *testing.T) {
+	chains := [][]item{
+		{env("t", "a", 1), env("t", "a", 2), env("t", "a", 3)},
+		{env("t", "b", 4), env("t", "b", 5)},
+		{env("t", "", 6)},
+	}
+	calls := 0
+	cp := chainPub{res: func(cs [][]Envelope) []ChainResult {
+		calls++
+		if len(cs) != 3 || len(cs[0]) != 3 {
+			t.Fatalf("chains %v", cs)
+		}
+		return []ChainResult{{Acked: 1, Err: errors.New("timeout")}, {Acked: 2}, {Acked: 0, Err: errors.New("no leader")}}
+	}}
+	pub, failed := publishChains(context.Background(), cp, chains, time.Second)
+	var got []string
+	for _, it := range pub {
+		got = append(got, string(it.env.Payload))
+	}
+	if calls != 1 || strings.Join(got, ",") != "1,4,5" {
+		t.Fatalf("calls %d published %v", calls, got)
+	}
+	if len(failed) != 2 || string(failed[0].env.Payload) != "2" || string(failed[1].env.Payload) != "6" {
+		t.Fatalf("failed %+v", failed)
+	}
+	// Malformed results and panics fail every chain.
+	bad := chainPub{res: func([][]Envelope) []ChainResult { return nil }}
+	if pub, failed := publishChains(context.Background(), bad, chains, time.Second); len(pub) != 0 || len(failed) != 3 {
+		t.Fatalf("malformed: %d %d", len(pub), len(failed))
+	}
+	boom := chainPub{res: func([][]Envelope) []ChainResult { panic("boom") }}
+	if pub, failed := publishChains(context.Background(), boom, chains, time.Second); len(pub) != 0 || len(failed) != 3 {
+		t.Fatalf("panic: %d %d", len(pub), len(failed))
+	}
+	// An acked prefix without an error still fails the next row.
+	silent := chainPub{res: func([][]Envelope) []ChainResult { return []ChainResult{{Acked: 1}, {Acked: 2}, {Acked: 1}} }}
+	if _, failed := publishChains(context.Background(), silent, chains, time.Second); len(failed) != 1 || failed[0].err == nil {
+		t.Fatalf("silent partial: %+v", failed)
+	}
+}
