@@ -27,14 +27,15 @@ services-down: ## stop the services
 services-status: ## show the services' state
 	bash $(SERVICES) status
 
-# BROKER=kafka or BROKER=rocketmq runs one demo; the default runs both.
-BROKER ?= all
+# DEMO=kafka, rocketmq or outbox runs one demo; the default runs all three.
+DEMO ?= all
 
 .PHONY: demo
-demo: services-up ## run the redelivery demos on real brokers, idemq vs naive (BROKER=kafka|rocketmq|all)
+demo: services-up ## run the demos on real brokers: Kafka and RocketMQ redelivery (idemq vs naive), outbox pipeline (DEMO=kafka|rocketmq|outbox|all)
 	$(ENV); \
-	if [ "$(BROKER)" = all ] || [ "$(BROKER)" = kafka ]; then $(GO) run ./examples/payments demo; fi; \
-	if [ "$(BROKER)" = all ] || [ "$(BROKER)" = rocketmq ]; then $(GO) run ./examples/rocketmq-orders demo; fi
+	if [ "$(DEMO)" = all ] || [ "$(DEMO)" = kafka ]; then echo "== Kafka: payments =="; $(GO) run ./examples/payments demo; fi; \
+	if [ "$(DEMO)" = all ] || [ "$(DEMO)" = rocketmq ]; then echo; echo "== RocketMQ: orders =="; $(GO) run ./examples/rocketmq-orders demo; fi; \
+	if [ "$(DEMO)" = all ] || [ "$(DEMO)" = outbox ]; then echo; echo "== Outbox: order pipeline =="; $(GO) run ./examples/order-pipeline demo; fi
 
 .PHONY: test
 test: services-up test-unit test-integration ## unit + integration tests with -race on real services (what CI runs)

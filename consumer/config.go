@@ -65,8 +65,8 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Metrics receives one call per delivery outcome. Default: none.
 	Metrics Metrics
-	// Logger receives one line per outcome other than processed (debug for
-	// processed). Default slog.Default().
+	// Logger receives a warning per retry, conflict or dead letter and a
+	// debug line per processed or duplicate delivery. Default slog.Default().
 	Logger *slog.Logger
 }
 

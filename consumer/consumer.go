@@ -178,7 +178,9 @@ func (c *Consumer) report(msg *dedup.Message, res dedup.Result) {
 	case dedup.OutcomeProcessed:
 		c.log.Debug("idemq: delivery", attrs...)
 	case dedup.OutcomeDuplicate:
-		c.log.Info("idemq: delivery", append(attrs, "matched_by", res.MatchedBy)...)
+		// Duplicates are normal under at-least-once delivery: debug, counted
+		// by Metrics.
+		c.log.Debug("idemq: delivery", append(attrs, "matched_by", res.MatchedBy)...)
 	default:
 		c.log.Warn("idemq: delivery", append(attrs, "matched_by", res.MatchedBy, "err", res.Err)...)
 	}

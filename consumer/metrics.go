@@ -13,6 +13,9 @@ type Metrics interface {
 	// Delivery is called once per delivery with its final outcome (for a
 	// pull consumer retrying in place: once per attempt that failed, then
 	// once for the final outcome). by is set for duplicates and conflicts.
+	// It is called after the outcome is durable in Postgres and before the
+	// delivery is acknowledged (offset handed to the committer, RocketMQ
+	// result returned), on the delivery's goroutine.
 	Delivery(scope string, outcome dedup.Outcome, by dedup.MatchedBy)
 }
 

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
-	"unicode/utf8"
+
+	"github.com/idemq/idemq/internal/pgtext"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -377,15 +377,5 @@ func commit(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// clip makes s storable in a text column: valid UTF-8, no NUL, at most n bytes.
-func clip(s string, n int) string {
-	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
-	if len(s) <= n {
-		return s
-	}
-	cut := n - len("…")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
+// clip makes s storable in a text column (see pgtext.Clip).
+func clip(s string, n int) string { return pgtext.Clip(s, n) }

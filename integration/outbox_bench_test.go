@@ -26,7 +26,7 @@ import (
 func BenchmarkRelayThroughput(b *testing.B) {
 	const rows, batch = 5000, 500
 	o := setupOutbox(b)
-	topic := obTopic(b, 3)
+	topic := newTopic(b, 3)
 	pub, err := kafkapub.New(kafkapub.Config{Brokers: kafkaBrokers(b)})
 	if err != nil {
 		b.Fatal(err)

@@ -41,18 +41,6 @@ func setupOutbox(t testing.TB) *obEnv {
 	return &obEnv{env: e, ob: ob}
 }
 
-// obTopic creates a fresh Kafka topic.
-func obTopic(t testing.TB, partitions int) string {
-	t.Helper()
-	topic := randomName("idemq-ob-")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := kafkaadapter.EnsureTopics(ctx, kafkaBrokers(t), partitions, topic); err != nil {
-		t.Fatal(err)
-	}
-	return topic
-}
-
 func obKafkaPub(t testing.TB) *kafkapub.Publisher {
 	t.Helper()
 	p, err := kafkapub.New(kafkapub.Config{Brokers: kafkaBrokers(t)})
@@ -61,18 +49,6 @@ func obKafkaPub(t testing.TB) *kafkapub.Publisher {
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	return p
-}
-
-// obEventually polls cond every 50ms for up to d.
-func obEventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // fastRelay is a relay config for tests: quick polls and retries.

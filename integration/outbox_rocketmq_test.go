@@ -42,7 +42,7 @@ func obRocketTopic(t testing.TB, nameServers []string) string {
 		admin.WithReadQueueNums(4), admin.WithWriteQueueNums(4)); err != nil {
 		t.Fatal(err)
 	}
-	obEventually(t, 30*time.Second, "a route for "+topic, func() bool {
+	eventually(t, 30*time.Second, "a route for "+topic, func() bool {
 		mqs, err := adm.FetchPublishMessageQueues(ctx, topic)
 		return err == nil && len(mqs) > 0
 	})
@@ -148,8 +148,8 @@ func TestRelayRocketMQ(t *testing.T) {
 		return nil
 	}
 	rr := o.startRelay(t, pub, cfg)
-	obEventually(t, 60*time.Second, "40 rows marked", func() bool { return o.stats(t).Published == 40 })
-	obEventually(t, 90*time.Second, "40 effects", func() bool { return o.count(`select count(*) from `+eff) >= 40 })
+	eventually(t, 60*time.Second, "40 rows marked", func() bool { return o.stats(t).Published == 40 })
+	eventually(t, 90*time.Second, "40 effects", func() bool { return o.count(`select count(*) from `+eff) >= 40 })
 	time.Sleep(2 * time.Second)
 	rr.stop(t)
 

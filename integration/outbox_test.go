@@ -54,7 +54,7 @@ func TestOutboxS15DuplicateInputPublishesNothingNew(t *testing.T) {
 			before := strings.Contains(variant, "before")
 			o := setupOutbox(t)
 			o.exec(`create table ` + o.table("invoices") + ` (message_id text not null, body text not null)`)
-			topic := obTopic(t, 3)
+			topic := newTopic(t, 3)
 			h := &invoiceHandler{o: o, topic: topic}
 			in := msg(t, "billing", "m-1000", "", `{"invoice":"invoice-1000","amount":"12.50"}`)
 			res, err := o.store.Process(o.ctx, in, h.handle)
@@ -75,7 +75,7 @@ func TestOutboxS15DuplicateInputPublishesNothingNew(t *testing.T) {
 			tr := newTracker(obKafkaPub(t))
 			o.startRelay(t, tr.as("relay-a"), fastRelay("relay-a"))
 			e1, e2 := h.ids[0][0].String(), h.ids[0][1].String()
-			obEventually(t, 60*time.Second, "E1 and E2 downstream", func() bool { return down.totalCalls() >= 2 })
+			eventually(t, 60*time.Second, "E1 and E2 downstream", func() bool { return down.totalCalls() >= 2 })
 			if !before {
 				redeliver()
 			}
@@ -146,7 +146,7 @@ func TestOutboxS16PublishedButMarkFailed(t *testing.T) {
 	t.Run("relay restarts", func(t *testing.T) {
 		t.Parallel()
 		o := setupOutbox(t)
-		topic := obTopic(t, 3)
+		topic := newTopic(t, 3)
 		down := o.startDownstream(t, topic)
 		ids := o.addE7E8(t, topic)
 		e7, e8 := ids[0], ids[1]
@@ -162,7 +162,7 @@ func TestOutboxS16PublishedButMarkFailed(t *testing.T) {
 		cfg.Hooks.AfterPublish = terminateOnce(o, e7, &fired, func() { <-r1Ready; r1.kill() })
 		r1 = o.startRelay(t, tr.as("relay-1"), cfg)
 		close(r1Ready)
-		obEventually(t, 30*time.Second, "E7 published and its mark failed", func() bool { return fired.Load() == 2 })
+		eventually(t, 30*time.Second, "E7 published and its mark failed", func() bool { return fired.Load() == 2 })
 		r1.stop(t)
 		if row, err := o.ob.Get(o.ctx, e7); err != nil || row.PublishedAt != nil {
 			t.Fatalf("E7 after the failed mark: published_at %v, err %v; want unpublished", row.PublishedAt, err)
@@ -174,8 +174,8 @@ func TestOutboxS16PublishedButMarkFailed(t *testing.T) {
 		cfg2 := fastRelay("relay-2")
 		cfg2.BatchSize = 1
 		r2 := o.startRelay(t, tr.as("relay-2"), cfg2)
-		obEventually(t, 30*time.Second, "E7 and E8 marked", func() bool { return o.stats(t).Published == 2 })
-		obEventually(t, 60*time.Second, "E7 and E8 downstream", func() bool { return down.totalCalls() >= 2 })
+		eventually(t, 30*time.Second, "E7 and E8 marked", func() bool { return o.stats(t).Published == 2 })
+		eventually(t, 60*time.Second, "E7 and E8 downstream", func() bool { return down.totalCalls() >= 2 })
 		time.Sleep(500 * time.Millisecond)
 		r2.stop(t)
 
@@ -188,7 +188,7 @@ func TestOutboxS16PublishedButMarkFailed(t *testing.T) {
 	t.Run("two relays", func(t *testing.T) {
 		t.Parallel()
 		o := setupOutbox(t)
-		topic := obTopic(t, 3)
+		topic := newTopic(t, 3)
 		down := o.startDownstream(t, topic)
 		// Background rows on other keys keep both relays busy around E7.
 		want := o.addRows(t, topic, 300, 10, "background")
@@ -209,8 +209,8 @@ func TestOutboxS16PublishedButMarkFailed(t *testing.T) {
 			cfg.Hooks.AfterPublish = terminateOnce(o, e7, &fired, nil)
 			o.startRelay(t, tr.as(name), cfg)
 		}
-		obEventually(t, 60*time.Second, "all rows marked", func() bool { return o.stats(t).Published == int64(len(want)) })
-		obEventually(t, 120*time.Second, "all rows downstream", func() bool { return down.totalCalls() >= len(want) })
+		eventually(t, 60*time.Second, "all rows marked", func() bool { return o.stats(t).Published == int64(len(want)) })
+		eventually(t, 120*time.Second, "all rows downstream", func() bool { return down.totalCalls() >= len(want) })
 		time.Sleep(500 * time.Millisecond)
 		if fired.Load() != 2 {
 			t.Fatal("the mark of E7's batch was never broken")
@@ -311,7 +311,7 @@ func (o *obEnv) checkS16(t testing.TB, topic string, down *downstream, tr *track
 func TestOutboxRollbackLeavesNoRow(t *testing.T) {
 	t.Parallel()
 	o := setupOutbox(t)
-	topic := obTopic(t, 1)
+	topic := newTopic(t, 1)
 	calls := 0
 	failing := func(fail error) dedup.Handler {
 		return func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
@@ -380,7 +380,7 @@ func outboxAdd(ctx context.Context, o *obEnv, tx pgx.Tx, m outbox.Message) (uuid
 func TestRelayTwoRelays10000RowsOver50Keys(t *testing.T) {
 	t.Parallel()
 	o := setupOutbox(t)
-	topic := obTopic(t, 3)
+	topic := newTopic(t, 3)
 	down := o.startDownstream(t, topic)
 	want := o.addRows(t, topic, 10_000, 50, "bulk")
 	tr := newTracker(obKafkaPub(t))
@@ -391,9 +391,9 @@ func TestRelayTwoRelays10000RowsOver50Keys(t *testing.T) {
 		cfg.BatchSize, cfg.MaxKeys = 250, 20 // 50 keys: both relays get work
 		relays = append(relays, o.startRelay(t, tr.as(name), cfg))
 	}
-	obEventually(t, 120*time.Second, "10,000 rows marked", func() bool { return o.stats(t).Published == 10_000 })
+	eventually(t, 120*time.Second, "10,000 rows marked", func() bool { return o.stats(t).Published == 10_000 })
 	relayed := time.Since(start)
-	obEventually(t, 240*time.Second, "10,000 effects downstream", func() bool { return down.totalCalls() >= 10_000 })
+	eventually(t, 240*time.Second, "10,000 effects downstream", func() bool { return down.totalCalls() >= 10_000 })
 	consumed := time.Since(start)
 	time.Sleep(500 * time.Millisecond)
 	for _, r := range relays {
@@ -432,7 +432,7 @@ func TestRelayTwoRelays10000RowsOver50Keys(t *testing.T) {
 func TestRelayBrokerDown10s(t *testing.T) {
 	t.Parallel()
 	o := setupOutbox(t)
-	topic := obTopic(t, 3)
+	topic := newTopic(t, 3)
 	down := o.startDownstream(t, topic)
 	var outage atomic.Bool
 	var flakes atomic.Int64
@@ -463,7 +463,7 @@ func TestRelayBrokerDown10s(t *testing.T) {
 	o.startRelay(t, tr.as("relay-b"), cfgB)
 
 	want := o.addRows(t, topic, 500, 20, "before")
-	obEventually(t, 60*time.Second, "first wave marked", func() bool { return o.stats(t).Published == 500 })
+	eventually(t, 60*time.Second, "first wave marked", func() bool { return o.stats(t).Published == 500 })
 
 	outage.Store(true)
 	outageStart := time.Now()
@@ -491,9 +491,9 @@ func TestRelayBrokerDown10s(t *testing.T) {
 	for k, v := range after {
 		want[k] = v
 	}
-	obEventually(t, 60*time.Second, "all rows marked after the outage", func() bool { return o.stats(t).Published == int64(len(want)) })
+	eventually(t, 60*time.Second, "all rows marked after the outage", func() bool { return o.stats(t).Published == int64(len(want)) })
 	recovered := time.Since(outageEnd)
-	obEventually(t, 120*time.Second, "all effects downstream", func() bool { return down.totalCalls() >= len(want) })
+	eventually(t, 120*time.Second, "all effects downstream", func() bool { return down.totalCalls() >= len(want) })
 	time.Sleep(500 * time.Millisecond)
 
 	_, _, overlaps, failures := tr.snapshot()
@@ -516,7 +516,7 @@ func TestRelayBrokerDown10s(t *testing.T) {
 func TestRelayParksAndUnparks(t *testing.T) {
 	t.Parallel()
 	o := setupOutbox(t)
-	topic := obTopic(t, 1)
+	topic := newTopic(t, 1)
 	var broken atomic.Bool
 	broken.Store(true)
 	tr := newTracker(obKafkaPub(t))
@@ -530,7 +530,7 @@ func TestRelayParksAndUnparks(t *testing.T) {
 	cfg.RetryInitial, cfg.RetryMax, cfg.MaxAttempts = 10*time.Millisecond, 20*time.Millisecond, 3
 	r := o.startRelay(t, tr.as("relay"), cfg)
 	want := o.addRows(t, topic, 20, 2, "park") // key-00 and key-01, 10 rows each
-	obEventually(t, 30*time.Second, "key-00's head parked and key-01 published", func() bool {
+	eventually(t, 30*time.Second, "key-00's head parked and key-01 published", func() bool {
 		s := o.stats(t)
 		return s.Parked == 1 && s.Published == 10
 	})
@@ -546,7 +546,7 @@ func TestRelayParksAndUnparks(t *testing.T) {
 	if n, err := o.ob.Unpark(o.ctx, parked[0].ID); err != nil || n != 1 {
 		t.Fatalf("Unpark = %d, %v", n, err)
 	}
-	obEventually(t, 30*time.Second, "all published after Unpark", func() bool { return o.stats(t).Published == 20 })
+	eventually(t, 30*time.Second, "all published after Unpark", func() bool { return o.stats(t).Published == 20 })
 	var keyOrder []string
 	for _, m := range obReadAll(t, topic, 1)[0] {
 		if string(m.Key) == "key-00" {
@@ -573,7 +573,7 @@ func TestRelayParksAndUnparks(t *testing.T) {
 func TestRelayPurgesPublishedRows(t *testing.T) {
 	t.Parallel()
 	o := setupOutbox(t)
-	topic := obTopic(t, 1)
+	topic := newTopic(t, 1)
 	o.addRows(t, topic, 250, 5, "purge")
 	r, err := outbox.NewRelay(o.ob, obKafkaPub(t), fastRelay("relay"))
 	if err != nil {
@@ -705,7 +705,7 @@ func TestOutboxAddStoresRows(t *testing.T) {
 func TestRelayWakesOnNotifyAndPolls(t *testing.T) {
 	t.Parallel()
 	o := setupOutbox(t)
-	topic := obTopic(t, 1)
+	topic := newTopic(t, 1)
 	pub := obKafkaPub(t)
 	notifyCfg := fastRelay("listener")
 	notifyCfg.PollInterval = time.Hour
@@ -713,7 +713,7 @@ func TestRelayWakesOnNotifyAndPolls(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // let it go idle
 	start := time.Now()
 	o.addRows(t, topic, 5, 5, "notify")
-	obEventually(t, 10*time.Second, "published through NOTIFY", func() bool { return o.stats(t).Published == 5 })
+	eventually(t, 10*time.Second, "published through NOTIFY", func() bool { return o.stats(t).Published == 5 })
 	t.Logf("NOTIFY: published %s after commit", time.Since(start).Round(time.Millisecond))
 	rr.stop(t)
 
@@ -722,7 +722,7 @@ func TestRelayWakesOnNotifyAndPolls(t *testing.T) {
 	o.startRelay(t, pub, pollCfg)
 	time.Sleep(500 * time.Millisecond)
 	o.addRows(t, topic, 5, 5, "poll")
-	obEventually(t, 10*time.Second, "published by polling", func() bool { return o.stats(t).Published == 10 })
+	eventually(t, 10*time.Second, "published by polling", func() bool { return o.stats(t).Published == 10 })
 }
 
 // A deep backlog on one blocked key (its head parked, 2,000 rows behind it,
@@ -732,7 +732,7 @@ func TestRelayWakesOnNotifyAndPolls(t *testing.T) {
 func TestRelayDeepBlockedKeyDoesNotStarveOthers(t *testing.T) {
 	t.Parallel()
 	o := setupOutbox(t)
-	topic := obTopic(t, 1)
+	topic := newTopic(t, 1)
 	var broken atomic.Bool
 	broken.Store(true)
 	tr := newTracker(obKafkaPub(t))
@@ -768,7 +768,7 @@ func TestRelayDeepBlockedKeyDoesNotStarveOthers(t *testing.T) {
 	cfg := fastRelay("relay")
 	cfg.BatchSize, cfg.MaxKeys, cfg.MaxAttempts = 50, 5, 1 // window: the 10 oldest rows, all "hot"
 	o.startRelay(t, tr.as("relay"), cfg)
-	obEventually(t, 30*time.Second, "the other keys and keyless rows published", func() bool {
+	eventually(t, 30*time.Second, "the other keys and keyless rows published", func() bool {
 		s := o.stats(t)
 		return s.Published == 35 && s.Parked == 1
 	})
@@ -780,7 +780,7 @@ func TestRelayDeepBlockedKeyDoesNotStarveOthers(t *testing.T) {
 	if n, err := o.ob.Unpark(o.ctx, parked[0].ID); err != nil || n != 1 {
 		t.Fatalf("Unpark = %d, %v", n, err)
 	}
-	obEventually(t, 60*time.Second, "hot drained", func() bool { return o.stats(t).Published == 2035 })
+	eventually(t, 60*time.Second, "hot drained", func() bool { return o.stats(t).Published == 2035 })
 	var got []string
 	for _, m := range obReadAll(t, topic, 1)[0] {
 		if string(m.Key) == "hot" {

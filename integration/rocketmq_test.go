@@ -163,17 +163,6 @@ func rmqPushConsumer(t testing.TB, cfg rocketmqadapter.Config) *rocketmqadapter.
 	return pc
 }
 
-func rmqEventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // rmqExt builds a received message as the client hands it to a listener.
 func rmqExt(topic, uniq, offsetMsgID, keys string, queue primitive.MessageQueue, offset int64, reconsume int32, body string) *primitive.MessageExt {
 	m := &primitive.MessageExt{Message: primitive.Message{Topic: topic, Body: []byte(body)},
@@ -235,21 +224,9 @@ type rmqOrdersEvent struct {
 	Err       string `json:"err"`
 }
 
-// rmqBuildOrders builds examples/rocketmq-orders into t.TempDir().
+// rmqBuildOrders builds examples/rocketmq-orders once per test run.
 func rmqBuildOrders(t testing.TB) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "rocketmq-orders")
-	// The idemq module is replaced by a local directory: build from there.
-	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/idemq/idemq").Output()
-	if err != nil {
-		t.Fatalf("go list -m github.com/idemq/idemq: %v", err)
-	}
-	cmd := exec.Command("go", "build", "-o", bin, "./examples/rocketmq-orders")
-	cmd.Dir = strings.TrimSpace(string(root))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./examples/rocketmq-orders: %v\n%s", err, out)
-	}
-	return bin
+	return buildExample(t, "github.com/idemq/idemq/examples/rocketmq-orders")
 }
 
 type rmqOrdersProc struct {
@@ -714,7 +691,7 @@ func TestRocketMQRetryThroughRetryTopic(t *testing.T) {
 		Group:    group, Topic: topic, Observe: obs.observe,
 	})
 	uniq := rmqSend(t, rmqProducer(t), topic, []byte(`{"pay":1}`), "")
-	rmqEventually(t, 60*time.Second, "SUCCEEDED", func() bool {
+	eventually(t, 60*time.Second, "SUCCEEDED", func() bool {
 		r, err := e.store.Lookup(e.ctx, group, uniq)
 		return err == nil && r.Status == dedup.StatusSucceeded
 	})
@@ -768,7 +745,7 @@ func TestRocketMQPoisonThroughRetryTopic(t *testing.T) {
 	obs := &rmqObserver{}
 	rmqPushConsumer(t, rocketmqadapter.Config{Consumer: consumer.Config{Store: e.store, Handler: h}, Group: group, Topic: topic, Observe: obs.observe})
 	uniq := rmqSend(t, rmqProducer(t), topic, []byte(`{"ship":"nowhere"}`), "")
-	rmqEventually(t, 60*time.Second, "FAILED_FINAL", func() bool {
+	eventually(t, 60*time.Second, "FAILED_FINAL", func() bool {
 		r, err := e.store.Lookup(e.ctx, group, uniq)
 		return err == nil && r.Status == dedup.StatusFailedFinal
 	})
@@ -805,13 +782,13 @@ func TestRocketMQProducerResendIsDuplicate(t *testing.T) {
 	})
 	p := rmqProducer(t)
 	u1 := rmqSend(t, p, topic, rmqOrderBody("order-1", 100), "", "order-1")
-	rmqEventually(t, 30*time.Second, "order-1", func() bool { return len(obs.all()) == 1 })
+	eventually(t, 30*time.Second, "order-1", func() bool { return len(obs.all()) == 1 })
 	u2 := rmqSend(t, p, topic, rmqOrderBody("order-1", 100), "", "order-1")
-	rmqEventually(t, 30*time.Second, "the re-send of order-1", func() bool { return len(obs.all()) == 2 })
+	eventually(t, 30*time.Second, "the re-send of order-1", func() bool { return len(obs.all()) == 2 })
 	rmqSend(t, p, topic, rmqOrderBody("order-2", 200), "m-77", "order-2")
-	rmqEventually(t, 30*time.Second, "order-2", func() bool { return len(obs.all()) == 3 })
+	eventually(t, 30*time.Second, "order-2", func() bool { return len(obs.all()) == 3 })
 	rmqSend(t, p, topic, rmqOrderBody("order-2", 200), "m-77", "order-2")
-	rmqEventually(t, 30*time.Second, "the re-sends", func() bool { return len(obs.all()) == 4 })
+	eventually(t, 30*time.Second, "the re-sends", func() bool { return len(obs.all()) == 4 })
 	if u1 == u2 {
 		t.Fatalf("a re-send got the same UNIQ_KEY %s", u1)
 	}
@@ -944,7 +921,7 @@ func TestRocketMQTwoProcessesKillMidRun(t *testing.T) {
 	stalled := func(pp *rmqOrdersProc) bool {
 		return pp.count(func(ev rmqOrdersEvent) bool { return ev.Ev == "stalled" }) > 0
 	}
-	rmqEventually(t, 60*time.Second, "the first order and 50 handler runs", func() bool {
+	eventually(t, 60*time.Second, "the first order and 50 handler runs", func() bool {
 		return (stalled(procs[0]) || stalled(procs[1])) && handled(procs[0])+handled(procs[1]) >= 50
 	})
 	victim, survivor := procs[0], procs[1]
@@ -957,10 +934,10 @@ func TestRocketMQTwoProcessesKillMidRun(t *testing.T) {
 		t.Fatalf("the kill came too late: %d orders already applied", n)
 	}
 
-	rmqEventually(t, 120*time.Second, "every intent applied", func() bool {
+	eventually(t, 120*time.Second, "every intent applied", func() bool {
 		return e.count(`select count(distinct order_id) from `+e.table("orders")) == intents
 	})
-	rmqEventually(t, 60*time.Second, "the survivor to receive "+stall+" again", func() bool {
+	eventually(t, 60*time.Second, "the survivor to receive "+stall+" again", func() bool {
 		return survivor.count(func(ev rmqOrdersEvent) bool { return ev.Ev == "result" && ev.Order == stall }) > 0
 	})
 	time.Sleep(3 * time.Second) // late copies

@@ -6,18 +6,12 @@ import (
 	"fmt"
 	"io/fs"
 
+	"github.com/idemq/idemq/internal/pgmigrate"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/tern/v2/migrate"
 )
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
-
-// migrationLockKey is the pg_advisory_lock key held while migrating, so that
-// many processes may call Migrate at once. It is the key dedup.Store.Migrate
-// holds ("idemq" in ASCII), so the two never race on "create schema" when
-// they share a schema.
-const migrationLockKey = 0x6964656d71
 
 // Migrate creates the schema if needed and applies the embedded, numbered SQL
 // migrations (outbox/migrations/NNN_*.sql) that the database does not have
@@ -30,37 +24,11 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 	if o.pool == nil {
 		return ErrNoPool
 	}
-	conn, err := o.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("idemq/outbox: migrate: %w", err)
-	}
-	defer conn.Release()
-	c := conn.Conn()
-	if _, err := c.Exec(ctx, "select pg_advisory_lock($1)", int64(migrationLockKey)); err != nil {
-		return fmt.Errorf("idemq/outbox: migrate: lock: %w", err)
-	}
-	defer func() {
-		_, _ = c.Exec(context.WithoutCancel(ctx), "select pg_advisory_unlock($1)", int64(migrationLockKey))
-	}()
-
-	if _, err := c.Exec(ctx, "create schema if not exists "+pgx.Identifier{o.cfg.Schema}.Sanitize()); err != nil {
-		return fmt.Errorf("idemq/outbox: migrate: create schema: %w", err)
-	}
-	m, err := migrate.NewMigrator(ctx, c, pgx.Identifier{o.cfg.Schema, o.cfg.Table + "_schema_version"}.Sanitize())
-	if err != nil {
-		return fmt.Errorf("idemq/outbox: migrate: %w", err)
-	}
-	for k, v := range o.templateData() {
-		m.Data[k] = v
-	}
 	sub, err := fs.Sub(migrationFS, "migrations")
 	if err != nil {
 		return err
 	}
-	if err := m.LoadMigrations(sub); err != nil {
-		return fmt.Errorf("idemq/outbox: migrate: load: %w", err)
-	}
-	if err := m.Migrate(ctx); err != nil {
+	if err := pgmigrate.Apply(ctx, o.pool, o.cfg.Schema, o.cfg.Table+"_schema_version", sub, o.templateData()); err != nil {
 		return fmt.Errorf("idemq/outbox: migrate: %w", err)
 	}
 	return nil

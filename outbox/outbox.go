@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemq/idemq/internal/pgtext"
+
 	"github.com/google/uuid"
 	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5"
@@ -280,16 +282,5 @@ func (o *Outbox) Envelope(row Row) Envelope {
 	return Envelope{ID: row.ID, Topic: row.Topic, Key: key, Headers: h, Payload: row.Payload}
 }
 
-// clip makes s storable in a text column: valid UTF-8, no NUL, at most n
-// bytes.
-func clip(s string, n int) string {
-	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
-	if len(s) <= n {
-		return s
-	}
-	cut := n - len("…")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
+// clip makes s storable in a text column (see pgtext.Clip).
+func clip(s string, n int) string { return pgtext.Clip(s, n) }

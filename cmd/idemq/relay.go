@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemq/idemq/internal/devenv"
+
 	"github.com/google/uuid"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/kafkapub"
@@ -23,14 +25,7 @@ type dbFlags struct {
 }
 
 func (d *dbFlags) register(fs *flag.FlagSet) {
-	def := os.Getenv("IDEMQ_DATABASE_URL")
-	if def == "" {
-		def = os.Getenv("TEST_POSTGRES_DSN")
-	}
-	if def == "" {
-		def = "postgres://idemq:idemq@127.0.0.1:5432/idemq?sslmode=disable"
-	}
-	fs.StringVar(&d.dsn, "dsn", def, "Postgres DSN")
+	fs.StringVar(&d.dsn, "dsn", devenv.Get("IDEMQ_DATABASE_URL", devenv.PostgresDSN()), "Postgres DSN")
 	fs.StringVar(&d.schema, "schema", "idemq", "schema of the outbox table")
 	fs.StringVar(&d.table, "table", "outbox", "outbox table")
 }
@@ -53,10 +48,10 @@ func runRelay(ctx context.Context, args []string) error {
 	var d dbFlags
 	d.register(fs)
 	broker := fs.String("broker", "kafka", "kafka or rocketmq")
-	kafkaBrokers := fs.String("kafka-brokers", envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka bootstrap brokers, comma separated")
+	kafkaBrokers := fs.String("kafka-brokers", devenv.KafkaBrokers(), "Kafka bootstrap brokers, comma separated")
 	createTopics := fs.Bool("create-topics", false, "Kafka: create missing topics before publishing to them")
 	partitions := fs.Int("partitions", 1, "Kafka: partitions of topics made by -create-topics")
-	namesrv := fs.String("rocketmq-namesrv", envOr("TEST_ROCKETMQ_NAMESRV", "127.0.0.1:9876"), "RocketMQ NameServers, comma separated")
+	namesrv := fs.String("rocketmq-namesrv", devenv.RocketMQNamesrv(), "RocketMQ NameServers, comma separated")
 	migrate := fs.Bool("migrate", true, "create or upgrade the outbox table at start")
 	var cfg outbox.RelayConfig
 	fs.StringVar(&cfg.Name, "name", "", "relay instance name (default host-pid-random)")
@@ -160,11 +155,4 @@ func runOutbox(ctx context.Context, args []string) error {
 		return fmt.Errorf("unknown outbox command %q", args[0])
 	}
 	return nil
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

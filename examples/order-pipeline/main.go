@@ -34,8 +34,9 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
+
+	"github.com/idemq/idemq/internal/devenv"
 )
 
 func main() {
@@ -71,23 +72,16 @@ type common struct {
 	events                string
 }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 func (c *common) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.dsn, "dsn", envOr("TEST_POSTGRES_DSN", "postgres://idemq:idemq@127.0.0.1:5432/idemq?sslmode=disable"), "Postgres DSN")
-	fs.StringVar(&c.brokers, "brokers", envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka bootstrap brokers, comma separated")
+	fs.StringVar(&c.dsn, "dsn", devenv.PostgresDSN(), "Postgres DSN")
+	fs.StringVar(&c.brokers, "brokers", devenv.KafkaBrokers(), "Kafka bootstrap brokers, comma separated")
 	fs.StringVar(&c.schema, "schema", "order_pipeline", "Postgres schema for idemq's and the example's tables")
 	fs.StringVar(&c.ordersTopic, "orders-topic", "orders", "input topic")
 	fs.StringVar(&c.outTopic, "confirmed-topic", "order.confirmed", "topic the relay publishes confirmations to")
 	fs.StringVar(&c.events, "events", "", "append a JSON stats line here on exit (used by demo)")
 }
 
-func (c *common) brokerList() []string { return strings.Split(c.brokers, ",") }
+func (c *common) brokerList() []string { return devenv.Split(c.brokers) }
 
 func (c *common) args() []string {
 	return []string{"-dsn", c.dsn, "-brokers", c.brokers, "-schema", c.schema,

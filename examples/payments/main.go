@@ -22,8 +22,9 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
+
+	"github.com/idemq/idemq/internal/devenv"
 )
 
 func main() {
@@ -54,16 +55,9 @@ type endpoints struct {
 	dsn     string
 }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 func (e *endpoints) register(fs *flag.FlagSet) *string {
-	fs.StringVar(&e.dsn, "dsn", envOr("TEST_POSTGRES_DSN", "postgres://idemq:idemq@127.0.0.1:5432/idemq?sslmode=disable"), "Postgres DSN")
-	return fs.String("brokers", envOr("TEST_KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka bootstrap brokers, comma separated")
+	fs.StringVar(&e.dsn, "dsn", devenv.PostgresDSN(), "Postgres DSN")
+	return fs.String("brokers", devenv.KafkaBrokers(), "Kafka bootstrap brokers, comma separated")
 }
 
-func splitBrokers(s string) []string { return strings.Split(s, ",") }
+func splitBrokers(s string) []string { return devenv.Split(s) }

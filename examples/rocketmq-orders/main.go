@@ -20,7 +20,8 @@ package main
 import (
 	"fmt"
 	"os"
-	"strings"
+
+	"github.com/idemq/idemq/internal/devenv"
 
 	"github.com/apache/rocketmq-client-go/v2/rlog"
 )
@@ -64,24 +65,17 @@ environment: TEST_POSTGRES_DSN, TEST_ROCKETMQ_NAMESRV, TEST_ROCKETMQ_BROKER
 `)
 }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 func postgresDSN() string {
-	return envOr("TEST_POSTGRES_DSN", "postgres://idemq:idemq@127.0.0.1:5432/idemq?sslmode=disable")
+	return devenv.PostgresDSN()
 }
 
 func nameServers() []string {
-	return strings.Split(envOr("TEST_ROCKETMQ_NAMESRV", "127.0.0.1:9876"), ",")
+	return devenv.Split(devenv.RocketMQNamesrv())
 }
 
-func brokerAddr() string { return envOr("TEST_ROCKETMQ_BROKER", "127.0.0.1:10911") }
+func brokerAddr() string { return devenv.RocketMQBroker() }
 
 // fingerprintSecret would come from a secret store in production.
 func fingerprintSecret() []byte {
-	return []byte(envOr("IDEMQ_FINGERPRINT_SECRET", "demo-only-fingerprint-secret-change-me"))
+	return []byte(devenv.Get("IDEMQ_FINGERPRINT_SECRET", "demo-only-fingerprint-secret-change-me"))
 }
