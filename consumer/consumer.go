@@ -72,6 +72,7 @@ func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error)
 	if err != nil {
 		return dedup.Result{}, err
 	}
+	start := time.Now()
 	var res dedup.Result
 	switch {
 	case reject != nil:
@@ -84,6 +85,9 @@ func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error)
 	if err != nil {
 		c.log.Warn("idemq: outcome not recorded; will be redelivered", "message_id", msg.Identity.MessageID, "source", msg.Source, "err", err)
 		return res, err
+	}
+	if do, ok := c.cfg.Metrics.(DurationObserver); ok {
+		do.ObserveDuration(c.cfg.Scope, res.Outcome, time.Since(start))
 	}
 	c.report(msg, res)
 	return res, nil

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"sync"
+	"time"
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +18,13 @@ type Metrics interface {
 	// delivery is acknowledged (offset handed to the committer, RocketMQ
 	// result returned), on the delivery's goroutine.
 	Delivery(scope string, outcome dedup.Outcome, by dedup.MatchedBy)
+}
+
+// DurationObserver is an optional interface of a Metrics: when implemented,
+// the consumer also reports how long each delivery took to reach its outcome
+// (claim, handler, mark, commit), in seconds of wall time.
+type DurationObserver interface {
+	ObserveDuration(scope string, outcome dedup.Outcome, d time.Duration)
 }
 
 type nopMetrics struct{}
@@ -63,26 +71,41 @@ func (c *Counters) Snapshot() map[string]int64 {
 	return out
 }
 
-// PrometheusMetrics exports idemq_deliveries_total{scope, outcome,
-// matched_by}: outcome is one of processed, duplicate, conflict, retry,
-// dead_letter; matched_by is message_id, business_key or "".
+// PrometheusMetrics exports:
+//
+//   - idemq_deliveries_total{scope, outcome, matched_by}: outcome is one of
+//     processed, duplicate, conflict, retry, dead_letter, fenced; matched_by
+//     is message_id, business_key or "";
+//   - idemq_delivery_duration_seconds{scope, outcome}: time from the start of
+//     the claim to the durable outcome (handler included), a histogram with
+//     buckets from 1ms to 10s.
 type PrometheusMetrics struct {
 	deliveries *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
 }
 
-// NewPrometheusMetrics registers idemq_deliveries_total with reg
+// NewPrometheusMetrics registers the metrics with reg
 // (prometheus.DefaultRegisterer when nil) and returns the Metrics. It returns
 // the registration error, e.g. when registered twice.
 func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error) {
 	if reg == nil {
 		reg = prometheus.DefaultRegisterer
 	}
-	m := &PrometheusMetrics{deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "idemq_deliveries_total",
-		Help: "Deliveries handled by idemq, by final outcome (processed, duplicate, conflict, retry, dead_letter).",
-	}, []string{"scope", "outcome", "matched_by"})}
-	if err := reg.Register(m.deliveries); err != nil {
-		return nil, err
+	m := &PrometheusMetrics{
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemq_deliveries_total",
+			Help: "Deliveries handled by idemq, by final outcome (processed, duplicate, conflict, retry, dead_letter, fenced).",
+		}, []string{"scope", "outcome", "matched_by"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemq_delivery_duration_seconds",
+			Help:    "Time from claim to durable outcome per delivery, handler included.",
+			Buckets: prometheus.ExponentialBucketsRange(0.001, 10, 12),
+		}, []string{"scope", "outcome"}),
+	}
+	for _, c := range []prometheus.Collector{m.deliveries, m.duration} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
 	}
 	return m, nil
 }
@@ -90,4 +113,29 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 // Delivery implements Metrics.
 func (m *PrometheusMetrics) Delivery(scope string, outcome dedup.Outcome, by dedup.MatchedBy) {
 	m.deliveries.WithLabelValues(scope, string(outcome), string(by)).Inc()
+}
+
+// ObserveDuration implements DurationObserver.
+func (m *PrometheusMetrics) ObserveDuration(scope string, outcome dedup.Outcome, d time.Duration) {
+	m.duration.WithLabelValues(scope, string(outcome)).Observe(d.Seconds())
+}
+
+// StoreCollector exports a dedup.Store's fast-path counters as
+// idemq_fastpath_total{result="hit|miss|error"} (hits answered duplicates
+// without Postgres; errors fell through to Postgres, e.g. Redis down).
+// Register it with prometheus.Register(consumer.StoreCollector(store)).
+func StoreCollector(st *dedup.Store) prometheus.Collector { return storeCollector{st} }
+
+var fastPathDesc = prometheus.NewDesc("idemq_fastpath_total",
+	"Dedup fast-path lookups by result (hit, miss, error).", []string{"result"}, nil)
+
+type storeCollector struct{ st *dedup.Store }
+
+func (c storeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- fastPathDesc }
+
+func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
+	hits, misses, errs := c.st.FastPathStats()
+	ch <- prometheus.MustNewConstMetric(fastPathDesc, prometheus.CounterValue, float64(hits), "hit")
+	ch <- prometheus.MustNewConstMetric(fastPathDesc, prometheus.CounterValue, float64(misses), "miss")
+	ch <- prometheus.MustNewConstMetric(fastPathDesc, prometheus.CounterValue, float64(errs), "error")
 }
