@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemq/idemq/dedup"
 )
 
@@ -65,6 +68,12 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Metrics receives one call per delivery outcome. Default: none.
 	Metrics Metrics
+	// TracerProvider makes one OpenTelemetry span per delivery ("idemq
+	// deliver <topic>", kind consumer), child of the trace context found in
+	// the message's W3C "traceparent" header, covering claim, handler and
+	// mark; the handler's ctx carries it. Default: the global provider
+	// (otel.GetTracerProvider(), a no-op unless the application sets one).
+	TracerProvider trace.TracerProvider
 	// Logger receives a warning per retry, conflict or dead letter and a
 	// debug line per processed or duplicate delivery. Default slog.Default().
 	Logger *slog.Logger
@@ -100,6 +109,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

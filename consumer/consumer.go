@@ -7,6 +7,11 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemq/idemq/internal/otelx"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/cenkalti/backoff/v5"
 	"github.com/idemq/idemq/dedup"
 )
@@ -47,8 +52,9 @@ type Source interface {
 // Consumer runs handlers for deliveries with dedup. Build it with New; it is
 // safe for concurrent use.
 type Consumer struct {
-	cfg Config
-	log *slog.Logger
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
 }
 
 // New validates cfg and returns a Consumer. Errors wrap ErrInvalidConfig.
@@ -57,7 +63,8 @@ func New(cfg Config) (*Consumer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Consumer{cfg: cfg, log: cfg.Logger.With("scope", cfg.Scope)}, nil
+	return &Consumer{cfg: cfg, log: cfg.Logger.With("scope", cfg.Scope),
+		tracer: cfg.TracerProvider.Tracer("github.com/idemq/idemq/consumer")}, nil
 }
 
 // Config returns the consumer's configuration with defaults applied.
@@ -73,6 +80,8 @@ func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error)
 		return dedup.Result{}, err
 	}
 	start := time.Now()
+	ctx, span := c.startSpan(ctx, msg)
+	defer span.End()
 	var res dedup.Result
 	switch {
 	case reject != nil:
@@ -82,6 +91,7 @@ func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error)
 	default:
 		res, err = c.cfg.Store.Process(ctx, msg, c.cfg.Handler)
 	}
+	endSpan(span, res, err)
 	if err != nil {
 		c.log.Warn("idemq: outcome not recorded; will be redelivered", "message_id", msg.Identity.MessageID, "source", msg.Source, "err", err)
 		return res, err
@@ -122,8 +132,19 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 		}
 		msgs, idx = append(msgs, msg), append(idx, i)
 	}
+	var links []trace.Link
+	for _, m := range msgs {
+		if sc := trace.SpanContextFromContext(otelx.Extract(context.Background(), m.Headers)); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	ctx, span := c.tracer.Start(ctx, "idemq deliver batch", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...),
+		trace.WithAttributes(attribute.String("messaging.consumer.group.name", c.cfg.Scope), attribute.Int("messaging.batch.message_count", len(msgs))))
+	defer span.End()
 	batch, err := c.cfg.Store.ProcessBatch(ctx, msgs, c.cfg.Handler)
 	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "batch not recorded")
 		c.log.Warn("idemq: batch outcome not recorded; will be retried", "deliveries", len(ds), "err", err)
 		return nil, err
 	}
@@ -137,6 +158,39 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 		c.report(ds[i].Message, r)
 	}
 	return results, nil
+}
+
+// startSpan starts the delivery's span as a child of the trace context in
+// the message headers.
+func (c *Consumer) startSpan(ctx context.Context, msg *dedup.Message) (context.Context, trace.Span) {
+	ctx = otelx.Extract(ctx, msg.Headers)
+	return c.tracer.Start(ctx, "idemq deliver "+msg.Topic, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.destination.name", msg.Topic),
+			attribute.String("messaging.consumer.group.name", c.cfg.Scope),
+			attribute.String("messaging.message.id", msg.Identity.MessageID),
+			attribute.String("idemq.business_key", msg.Identity.BusinessKey),
+			attribute.String("idemq.source", msg.Source),
+		))
+}
+
+// endSpan records the outcome on the span; failures and conflicts mark it
+// as an error.
+func endSpan(span trace.Span, res dedup.Result, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "outcome not recorded")
+		return
+	}
+	span.SetAttributes(attribute.String("idemq.outcome", string(res.Outcome)),
+		attribute.String("idemq.matched_by", string(res.MatchedBy)), attribute.Int("idemq.attempts", res.Attempts))
+	switch res.Outcome {
+	case dedup.OutcomeRetry, dedup.OutcomeDeadLetter, dedup.OutcomeConflict, dedup.OutcomeFenced:
+		if res.Err != nil {
+			span.RecordError(res.Err)
+		}
+		span.SetStatus(codes.Error, string(res.Outcome))
+	}
 }
 
 // prepare fills the message's identity. reject is non-nil when the delivery

@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemq/idemq/internal/otelx"
+
 	"github.com/idemq/idemq/internal/pgtext"
 
 	"github.com/google/uuid"
@@ -33,7 +35,10 @@ type Message struct {
 	// non-empty, and neither names nor values may hold NUL (Postgres jsonb
 	// cannot store it). The message-ID and causation header names
 	// (Config.MessageIDHeader, Config.CausationHeader) are reserved: the
-	// relay sets them.
+	// relay sets them. When Add's ctx carries a valid OpenTelemetry span and
+	// Headers has no "traceparent", Add stores the W3C "traceparent" (and
+	// "tracestate") of that span with the row, so the consumer of the
+	// message continues the trace.
 	Headers map[string]string
 	// Payload is the message body, published byte for byte. Nil is stored
 	// as NULL and published as no value (a Kafka tombstone when Key is set;
@@ -212,7 +217,9 @@ func (o *Outbox) AddBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]uui
 		if len(m.Key) > 0 {
 			keys[i] = m.Key
 		}
-		h := m.Headers
+		// The trace context of the handler's span travels with the message,
+		// so the next consumer's span continues the trace.
+		h := otelx.Inject(ctx, m.Headers)
 		if h == nil {
 			h = map[string]string{}
 		}
