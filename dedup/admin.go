@@ -28,6 +28,11 @@ type Record struct {
 // ErrNotFound is returned by Lookup and Redrive when no record matches.
 var ErrNotFound = errors.New("idemq: record not found")
 
+// ErrNotFinal is returned by Redrive for a record that exists but is not
+// FAILED_FINAL (only final failures can be re-driven); the error names the
+// record's status.
+var ErrNotFinal = errors.New("idemq: record is not FAILED_FINAL")
+
 // Lookup returns the record of (scope, message ID) (key is normalized with
 // NormalizeKey first), or ErrNotFound.
 func (s *Store) Lookup(ctx context.Context, scope, messageID string) (Record, error) {
@@ -111,7 +116,10 @@ from `+s.q.deadLetters+` where scope = $1 and id > $2 order by id limit $3`, sco
 // message ID): the record becomes FAILED_RETRYABLE (attempts kept, so each
 // re-drive allows one more execution before it is final again) and its live
 // dead letters are stamped redriven_at. The next delivery of the message runs
-// the handler. It returns ErrNotFound when no FAILED_FINAL record matches.
+// the handler. It returns ErrNotFound when no record matches and ErrNotFinal
+// when the record is not FAILED_FINAL. A Kafka message whose offset was
+// committed is not redelivered by the broker on its own: republish it (its
+// payload and headers are in the dead letter) or reset the group's offset.
 func (s *Store) Redrive(ctx context.Context, scope, messageID string) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `update `+s.q.records+`
@@ -121,7 +129,15 @@ where scope = $1 and message_id = $2 and status = 'FAILED_FINAL'`, scope, Normal
 			return fmt.Errorf("idemq: redrive: %w", err)
 		}
 		if tag.RowsAffected() == 0 {
-			return ErrNotFound
+			var status string
+			err := tx.QueryRow(ctx, `select status from `+s.q.records+` where scope = $1 and message_id = $2`, scope, NormalizeKey(messageID)).Scan(&status)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ErrNotFound
+			}
+			if err != nil {
+				return fmt.Errorf("idemq: redrive: %w", err)
+			}
+			return fmt.Errorf("%w: %s/%s is %s", ErrNotFinal, scope, messageID, status)
 		}
 		_, err = tx.Exec(ctx, `update `+s.q.deadLetters+` set redriven_at = now()
 where scope = $1 and message_id = $2 and redriven_at is null`, scope, NormalizeKey(messageID))

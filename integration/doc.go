@@ -3,10 +3,42 @@
 // dependencies (testcontainers-go and the Docker client tree) never reach the
 // module users import.
 //
+// # Services
+//
 // Services are found through environment variables (TEST_POSTGRES_DSN,
 // TEST_REDIS_ADDR, TEST_KAFKA_BROKERS, TEST_ROCKETMQ_NAMESRV); `make
 // services-up` starts them and `eval "$(scripts/services.sh env)"` exports
 // them. When a variable is missing, a test fails under CI=true (or
 // TEST_REQUIRE_BROKERS=1), otherwise starts the service with testcontainers-go
 // if a Docker engine answers, otherwise skips naming the command to run.
+// Each test gets its own schema, topics and consumer groups, so tests run in
+// parallel.
+//
+// # Failures from the field
+//
+// Each of these failures, seen by teams running Kafka, RocketMQ, outboxes or
+// idempotency keys, is reproduced with the values it was reported with:
+//
+//	S01 stale copy after a rebalance: no handler call, no commit below the committed offset  TestS01StaleMessageAfterRebalance
+//	S02 offset ahead of processing; commit call fails after the DB commit                     TestS02OffsetNeverAheadOfProcessing
+//	S03 processed but not committed at handoff; commits flushed on close                      TestS03ProcessedButNotCommittedAtHandoff
+//	S04 zombie consumer holding its transaction while a copy arrives                          TestS04ZombieConsumer
+//	S05 producer retry at a new offset: business-key duplicate, conflict, empty keys          TestS05ProducerRetryAtNewOffset
+//	S06 RocketMQ resend while the first attempt runs (and after it failed)                    TestRocketMQS06ResendWhileFirstAttemptRuns, TestRocketMQS06FirstAttemptFailsCopyProcesses
+//	S07 RocketMQ per-copy storage IDs: UNIQ_KEY, never OffsetMsgId                            TestRocketMQS07PerCopyStorageIDs
+//	S08 RocketMQ poison message, stray copy, operator re-drive                               TestRocketMQS08PoisonMessage, TestRocketMQPoisonThroughRetryTopic
+//	S09 crash after commit, before ack (real SIGKILL), with Redis kept or flushed              TestS09KafkaCrashAfterCommitBeforeAck, TestRocketMQS09KillAfterCommitBeforeAck
+//	S10 unique violation inside the transaction (redelivery, own table, wrapped)              TestS10UniqueViolations
+//	S11 fast-path miss falls through to Postgres; Redis down                                 TestS11FastPathMissFallsThroughToPostgres
+//	S12 stale claim marker in Redis is not trusted                                          TestS12StaleRedisMarkerNotTrusted
+//	S13 lease lost while the owner still works: fencing                                      TestS13S14LeaseLostWhileOwnerWorks
+//	S14 clock skew: leases in database time                                                 TestS13S14LeaseLostWhileOwnerWorks
+//	S15 a duplicate input publishes nothing new                                             TestOutboxS15DuplicateInputPublishesNothingNew
+//	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
+//
+// Beside them: many copies at once (TestConcurrentCopiesApplyOnce), real
+// process kills mid-stream (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
+// TestRocketMQTwoProcessesKillMidRun), bad input (TestKafkaBadInput), retries
+// through the real %RETRY% topic, batched mode, the outbox relay under load
+// and broker outages, metrics, tracing and the CLI.
 package integration

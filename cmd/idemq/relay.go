@@ -19,18 +19,29 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// dbFlags are the flags naming the outbox table.
+// dbFlags are the flags every command takes: the database and the schema of
+// idemq's tables.
 type dbFlags struct {
-	dsn, schema, table string
+	dsn, schema string
 }
 
 func (d *dbFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&d.dsn, "dsn", devenv.Get("IDEMQ_DATABASE_URL", devenv.PostgresDSN()), "Postgres DSN")
-	fs.StringVar(&d.schema, "schema", "idemq", "schema of the outbox table")
+	fs.StringVar(&d.schema, "schema", "idemq", "schema of idemq's tables")
+}
+
+// outboxFlags name the outbox table.
+type outboxFlags struct {
+	dbFlags
+	table string
+}
+
+func (d *outboxFlags) register(fs *flag.FlagSet) {
+	d.dbFlags.register(fs)
 	fs.StringVar(&d.table, "table", "outbox", "outbox table")
 }
 
-func (d *dbFlags) open(ctx context.Context) (*pgxpool.Pool, *outbox.Outbox, error) {
+func (d *outboxFlags) open(ctx context.Context) (*pgxpool.Pool, *outbox.Outbox, error) {
 	pool, err := pgxpool.New(ctx, d.dsn)
 	if err != nil {
 		return nil, nil, err
@@ -44,8 +55,8 @@ func (d *dbFlags) open(ctx context.Context) (*pgxpool.Pool, *outbox.Outbox, erro
 }
 
 func runRelay(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("relay", flag.ExitOnError)
-	var d dbFlags
+	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
+	var d outboxFlags
 	d.register(fs)
 	broker := fs.String("broker", "kafka", "kafka or rocketmq")
 	kafkaBrokers := fs.String("kafka-brokers", devenv.KafkaBrokers(), "Kafka bootstrap brokers, comma separated")
@@ -65,7 +76,9 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.RetryMax, "retry-max", 5*time.Minute, "retry delay cap")
 	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "keep published rows this long (negative: forever)")
 	verbose := fs.Bool("v", false, "debug logs")
-	_ = fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	if *verbose {
 		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	}
@@ -107,14 +120,37 @@ func runRelay(ctx context.Context, args []string) error {
 }
 
 func runOutbox(ctx context.Context, args []string) error {
+	const usage = "usage: idemq outbox migrate|stats|parked|unpark [flags] (idemq outbox <command> -h for its flags)"
 	if len(args) == 0 {
-		return errors.New("usage: idemq outbox migrate|stats|parked|unpark [flags]")
+		return errors.New(usage)
 	}
-	fs := flag.NewFlagSet("outbox "+args[0], flag.ExitOnError)
-	var d dbFlags
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprintln(os.Stderr, usage)
+		return flag.ErrHelp
+	case "migrate", "stats", "parked", "unpark":
+	default:
+		return fmt.Errorf("unknown outbox command %q; %s", args[0], usage)
+	}
+	fs := flag.NewFlagSet("outbox "+args[0], flag.ContinueOnError)
+	var d outboxFlags
 	d.register(fs)
-	limit := fs.Int("limit", 100, "parked: rows to list")
-	_ = fs.Parse(args[1:])
+	var limit *int
+	if args[0] == "parked" {
+		limit = fs.Int("limit", 100, "rows to list")
+	}
+	if args[0] == "unpark" {
+		fs.Usage = func() {
+			fmt.Fprintln(fs.Output(), "usage: idemq outbox unpark [flags] ID... (IDs of parked rows, from idemq outbox parked)")
+			fs.PrintDefaults()
+		}
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if args[0] == "unpark" && fs.NArg() == 0 {
+		return errors.New("outbox unpark: give the IDs of the parked rows to unpark (see idemq outbox parked)")
+	}
 	pool, ob, err := d.open(ctx)
 	if err != nil {
 		return err
@@ -122,7 +158,10 @@ func runOutbox(ctx context.Context, args []string) error {
 	defer pool.Close()
 	switch args[0] {
 	case "migrate":
-		return ob.Migrate(ctx)
+		if err := ob.Migrate(ctx); err != nil {
+			return err
+		}
+		fmt.Printf("outbox table %q migrated in schema %q\n", d.table, d.schema)
 	case "stats":
 		s, err := ob.Stats(ctx)
 		if err != nil {
@@ -151,8 +190,6 @@ func runOutbox(ctx context.Context, args []string) error {
 			return err
 		}
 		fmt.Printf("unparked %d rows\n", n)
-	default:
-		return fmt.Errorf("unknown outbox command %q", args[0])
 	}
 	return nil
 }
