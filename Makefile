@@ -32,7 +32,7 @@ DEMO ?= all
 
 .PHONY: demo
 demo: services-up ## run the demos on real brokers: Kafka and RocketMQ redelivery (idemq vs naive), outbox pipeline (DEMO=kafka|rocketmq|outbox|all)
-	$(ENV); \
+	@$(ENV); \
 	if [ "$(DEMO)" = all ] || [ "$(DEMO)" = kafka ]; then echo "== Kafka: payments =="; $(GO) run ./examples/payments demo; fi; \
 	if [ "$(DEMO)" = all ] || [ "$(DEMO)" = rocketmq ]; then echo; echo "== RocketMQ: orders =="; $(GO) run ./examples/rocketmq-orders demo; fi; \
 	if [ "$(DEMO)" = all ] || [ "$(DEMO)" = outbox ]; then echo; echo "== Outbox: order pipeline =="; $(GO) run ./examples/order-pipeline demo; fi

@@ -231,7 +231,7 @@ func (c *Consumer) extract(msg *dedup.Message) (bk string, err error) {
 func (c *Consumer) report(msg *dedup.Message, res dedup.Result) {
 	c.cfg.Metrics.Delivery(c.cfg.Scope, res.Outcome, res.MatchedBy)
 	attrs := []any{"outcome", res.Outcome, "message_id", msg.Identity.MessageID, "business_key", msg.Identity.BusinessKey,
-		"source", msg.Source, "attempts", res.Attempts, "status", res.Status}
+		"source", msg.Source, "attempts", res.Attempts, "record_status", res.Status}
 	switch res.Outcome {
 	case dedup.OutcomeProcessed:
 		c.log.Debug("idemq: delivery", attrs...)

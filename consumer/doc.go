@@ -13,9 +13,9 @@
 //     parallel. A retryable failure is retried in place with exponential
 //     backoff (Kafka has no per-message redelivery); when the attempts are
 //     used up the record is FAILED_FINAL with a dead letter and the offset
-//     moves on. Completed offsets are committed per lane in batches (Config.
-//     CommitEvery, Config.CommitInterval), only as a contiguous completed
-//     prefix, never backwards, and flushed on shutdown.
+//     moves on. Completed offsets are committed per lane in batches
+//     ([Config.CommitEvery], [Config.CommitInterval]), only as a contiguous
+//     completed prefix, never backwards, and flushed on shutdown.
 //   - Push (RocketMQ): the adapter calls Handle for each message of a batch
 //     and maps the outcome to ConsumeSuccess / ConsumeRetryLater itself.
 //

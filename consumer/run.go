@@ -77,6 +77,8 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 // redelivery horizon (Kafka: the topic's retention.ms). A zero horizon means
 // unbounded or unknown: Run then logs a warning instead of refusing.
 type HorizonReporter interface {
+	// RedeliveryHorizon returns how long after a message was produced the
+	// broker may still deliver it again (0: unbounded or unknown).
 	RedeliveryHorizon(ctx context.Context) (time.Duration, error)
 }
 

@@ -9,20 +9,39 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Record is a consumption record as stored, for inspection and tests.
+// Record is a consumption record as stored, for inspection and tests. JSON
+// field names are the table's column names.
 type Record struct {
-	Scope, MessageID, BusinessKey string
-	Fingerprint                   []byte
-	FingerprintKeyID              string
-	Status                        Status
-	Attempts                      int
-	LastError, LastErrorClass     string
-	Fence                         int64
-	Source                        string
-	ReconsumeTimes                int32
-	CreatedAt, UpdatedAt          time.Time
+	// Scope, MessageID and BusinessKey are the identity, normalized
+	// (NormalizeKey); BusinessKey is "" when the message had none.
+	Scope       string `json:"scope"`
+	MessageID   string `json:"message_id"`
+	BusinessKey string `json:"business_key"`
+	// Fingerprint is the HMAC-SHA256 of the payload (32 bytes; empty for a
+	// record of rejected bad input) under the key FingerprintKeyID.
+	Fingerprint      []byte `json:"fingerprint"`
+	FingerprintKeyID string `json:"fingerprint_key_id"`
+	// Status is the record's state.
+	Status Status `json:"status"`
+	// Attempts counts handler executions started.
+	Attempts int `json:"attempts"`
+	// LastError and LastErrorClass describe the latest failure (ErrorClass;
+	// the text bounded by Config.MaxErrorBytes); "" when none.
+	LastError      string `json:"last_error"`
+	LastErrorClass string `json:"last_error_class"`
+	// Fence grows by one at every lease-mode claim or takeover; 0 for
+	// records only ever handled in atomic mode.
+	Fence int64 `json:"fence"`
+	// Source is the broker position of the latest copy handled, e.g.
+	// "kafka:payments/2/1041".
+	Source string `json:"source"`
+	// ReconsumeTimes is RocketMQ's counter on the latest copy handled.
+	ReconsumeTimes int32 `json:"reconsume_times"`
+	// CreatedAt and UpdatedAt are database times.
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 	// ExpiresAt is nil while the record must be kept (not final yet).
-	ExpiresAt *time.Time
+	ExpiresAt *time.Time `json:"expires_at"`
 }
 
 // ErrNotFound is returned by Lookup and Redrive when no record matches.
@@ -69,18 +88,27 @@ from `+s.q.records+` where scope = $1 and `+pgx.Identifier{col}.Sanitize()+` = $
 	return r, nil
 }
 
-// DeadLetter is one row of the dead-letter table.
+// DeadLetter is one row of the dead-letter table: a delivery that could not
+// be applied, kept whole.
 type DeadLetter struct {
-	ID                            int64
+	// ID orders dead letters (use it as the DeadLetters cursor).
+	ID int64
+	// Scope, MessageID and BusinessKey are the delivery's identity.
 	Scope, MessageID, BusinessKey string
 	// Reason is one of the Reason* constants.
-	Reason, Error, ErrorClass string
-	Attempts                  int
-	Topic                     string
-	Key, Payload              []byte
-	Headers                   map[string]string
-	Source                    string
-	CreatedAt                 time.Time
+	Reason string
+	// Error and ErrorClass are the cause (ErrorClass of the error).
+	Error, ErrorClass string
+	// Attempts is the record's attempts when the delivery was dead-lettered.
+	Attempts int
+	// Topic, Key, Payload and Headers are the message as delivered.
+	Topic        string
+	Key, Payload []byte
+	Headers      map[string]string
+	// Source is the broker position of the copy.
+	Source string
+	// CreatedAt is the database time of the dead-lettering.
+	CreatedAt time.Time
 	// RedrivenAt is set once an operator re-drove the record.
 	RedrivenAt *time.Time
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ProcessBatch runs h for msgs in batched atomic mode (DESIGN §4.2): one
+// ProcessBatch runs h for msgs in batched atomic mode: one
 // transaction and one commit for the whole batch, each message under its own
 // savepoint. A message whose handler fails rolls back alone (its writes and
 // claim) and is marked FAILED_RETRYABLE or FAILED_FINAL (+ dead letter) in

@@ -29,7 +29,7 @@ type Config struct {
 	// Default 2048; at least 64.
 	MaxErrorBytes int
 	// SucceededRetention is how long a SUCCEEDED record is kept (expires_at =
-	// database now() + this). Default 7 days. It must exceed the broker's
+	// database now() + this). Default 7 days. It must be at least the broker's
 	// redelivery horizon; see ValidateRetention.
 	SucceededRetention time.Duration
 	// FailedFinalRetention is how long a FAILED_FINAL record is kept.

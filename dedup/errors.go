@@ -93,4 +93,5 @@ type PanicError struct {
 	Value any
 }
 
+// Error returns "handler panic: <value>".
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }

@@ -7,7 +7,7 @@ import (
 
 // FastPath remembers succeeded identities outside Postgres (Redis, see
 // package redisfast) so that duplicates skip the database. It is never the
-// source of truth (DESIGN §8): a miss, or any error, falls through to
+// source of truth: a miss, or any error, falls through to
 // Postgres; a hit is trusted only when the remembered fingerprint matches the
 // delivery's, so a conflicting payload still reaches Postgres and its
 // dead-letter path. Implementations must be safe for concurrent use.
@@ -25,9 +25,10 @@ type FastPath interface {
 type FastPathEntry struct {
 	// MatchedBy says which key the entry was found under (Lookup only).
 	MatchedBy MatchedBy
-	// Fingerprint and KeyID are the record's payload fingerprint.
+	// Fingerprint is the record's payload fingerprint.
 	Fingerprint []byte
-	KeyID       string
+	// KeyID names the fingerprint key Fingerprint was made with.
+	KeyID string
 }
 
 // fastPathStats counts fast-path use for FastPathStats.

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Lease mode (DESIGN §4.3) is for handlers whose side effects cannot join
+// Lease mode is for handlers whose side effects cannot join
 // the Postgres transaction: an HTTP call to a payment provider, an e-mail.
 // The claim commits PROCESSING with an owner token, a fence and a deadline
 // (lease_until, in database time); a heartbeat extends it; completion and

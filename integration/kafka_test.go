@@ -384,7 +384,7 @@ func TestKafkaAdapterNeverUsesReadMessage(t *testing.T) {
 	}
 }
 
-// DESIGN §9: a record retention shorter than the topic's retention.ms is
+// A record retention shorter than the topic's retention.ms is
 // refused at start, naming both numbers.
 func TestKafkaRetentionShorterThanTopicRefused(t *testing.T) {
 	t.Parallel()

@@ -100,5 +100,5 @@
 //
 // RelayConfig.Hooks.AfterPublish runs between the publish and the mark; tests
 // and the order-pipeline demo use it to kill the process or its database
-// connection exactly there (DESIGN §7, scenario S16).
+// connection exactly there (scenario S16 of the integration tests).
 package outbox

@@ -26,6 +26,8 @@ import (
 // but several workers and relays may share a Publisher, so it must be safe
 // for concurrent use.
 type Publisher interface {
+	// Publish sends batch and returns nil only when the broker acknowledged
+	// every envelope (see above for partial failures).
 	Publish(ctx context.Context, batch []Envelope) error
 }
 

@@ -120,7 +120,7 @@ func GroupLag(ctx context.Context, brokers []string, group, topic string) (int64
 
 // TopicRetention returns the topic's retention.ms as a duration: how far
 // back a consumer group can be made to replay, and so the redelivery horizon
-// that dedup retention must cover (DESIGN §9). It returns (0, nil) for
+// that dedup retention must cover. It returns (0, nil) for
 // retention.ms = -1 (unbounded), which no record retention can cover.
 func TopicRetention(ctx context.Context, brokers []string, topic string) (time.Duration, error) {
 	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}

@@ -3,8 +3,8 @@
 //
 // # Identity
 //
-// The message ID is the value of the "message-id" header (Config.
-// MessageIDHeader), as set by idemq's outbox relay or any producer that
+// The message ID is the value of the "message-id" header
+// ([Config.MessageIDHeader]), as set by idemq's outbox relay or any producer that
 // stamps one. A message without it gets the position identity
 // "kafka:<topic>/<partition>/<offset>", stable across consumer redelivery but
 // not across producer retries: give producers a message-id header or a

@@ -20,8 +20,8 @@ const DefaultMessageIDHeader = "message-id"
 type Config struct {
 	// Reader configures the kafka-go consumer-group Reader. Brokers and
 	// GroupID are required, with Topic or GroupTopics. CommitInterval must be
-	// 0 (the default): idemq batches commits itself (consumer.Config.
-	// CommitEvery / CommitInterval). Other fields keep kafka-go's defaults
+	// 0 (the default): idemq batches commits itself
+	// (consumer.Config.CommitEvery, consumer.Config.CommitInterval). Other fields keep kafka-go's defaults
 	// (SessionTimeout 30s; it must be at least the broker's
 	// group.min.session.timeout.ms, 6s by default).
 	Reader kafka.ReaderConfig

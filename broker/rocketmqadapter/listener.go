@@ -42,8 +42,9 @@ type Config struct {
 	// TTL must be shorter than ConsumeTimeout. ShutdownGrace (default 10s) bounds how long
 	// PushConsumer.Shutdown waits for in-flight handlers; Metrics and Logger
 	// are used as given. The pull-mode fields (RetryInitial, RetryMax,
-	// CommitEvery, CommitInterval, LaneBuffer) are ignored: RocketMQ retries
-	// through its %RETRY% topic.
+	// CommitEvery, CommitInterval, LaneBuffer, BatchWait) are ignored and
+	// BatchSize must stay 1 (use BatchMaxSize): RocketMQ retries through its
+	// %RETRY% topic.
 	Consumer consumer.Config
 
 	// NameServers are the NameServer addresses ("127.0.0.1:9876"), resolved
@@ -221,6 +222,9 @@ func NewListener(cfg Config) (*Listener, error) {
 		return nil, fmt.Errorf("idemq/rocketmqadapter: %w (MaxReconsumeTimes %d, ConsumeTimeout %s)", err, cfg.MaxReconsumeTimes, cfg.ConsumeTimeout)
 	}
 	cc := cfg.Consumer
+	if cc.BatchSize > 1 {
+		return nil, fmt.Errorf("%w: Consumer.BatchSize %d is for pull consumers (Kafka); RocketMQ batches come from BatchMaxSize", ErrInvalidConfig, cc.BatchSize)
+	}
 	if cc.LeaseHandler != nil {
 		if err := cc.Lease.ValidateUnder(cfg.ConsumeTimeout); err != nil {
 			return nil, fmt.Errorf("%w: Consumer.Lease: %v (RocketMQ ConsumeTimeout)", ErrInvalidConfig, err)

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The consumption-record commands (DESIGN §10): migrate, inspect a key, list
+// The consumption-record commands: migrate, inspect a key, list
 // and re-drive dead letters, purge expired records.
 func init() {
 	commands["migrate"] = runMigrate

@@ -137,7 +137,7 @@ type crashMetrics struct {
 func (c *crashMetrics) Delivery(scope string, outcome dedup.Outcome, by dedup.MatchedBy) {
 	c.Counters.Delivery(scope, outcome, by)
 	if outcome == dedup.OutcomeProcessed && c.crashAfter > 0 && c.processed.Add(1) == c.crashAfter {
-		fmt.Fprintf(os.Stderr, "[%s] crash point: %d deliveries committed in Postgres, none acked; SIGKILL\n", scope, c.crashAfter)
+		fmt.Fprintf(os.Stderr, "[%s] crash point: the %dth delivery committed in Postgres (others in flight on other partitions may commit too), none acked; SIGKILL\n", scope, c.crashAfter)
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // never ack
 	}

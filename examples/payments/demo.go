@@ -177,7 +177,7 @@ func (sd *side) run(ctx context.Context, ep endpoints, topic, schema string, cra
 		_ = first.Process.Kill()
 		return errors.New("process 1 did not reach the crash point in 90s")
 	}
-	fmt.Printf("[%s] process 1 killed (SIGKILL) after its database commit, before its offset commit; restarting in group %s\n", sd.mode, sd.group)
+	fmt.Printf("[%s] process 1 died of SIGKILL; restarting in group %s\n", sd.mode, sd.group)
 
 	second := sd.command(ctx, ep, topic, schema, 0)
 	if err := second.Start(); err != nil {
@@ -384,5 +384,7 @@ func summarize(ctx context.Context, pool *pgxpool.Pool, schema, topic string, ms
 		return errors.New("idemq invariants failed")
 	}
 	fmt.Printf("invariants (idemq): OK: every payment applied once, balances exact, %d dead letters kept, crash absorbed\n", dl["permanent_error"]+dl["fingerprint_conflict"])
+	fmt.Printf("\nthe schema %s is kept for a look:\n  go run ./cmd/idemq dead-letters -schema %s -scope %s\n  go run ./cmd/idemq inspect -schema %s -scope %s -message-id m-09\n  (drop it with: drop schema %s cascade)\n",
+		schema, schema, sides["idemq"].group, schema, sides["idemq"].group, schema)
 	return nil
 }

@@ -1,4 +1,3 @@
-// Package pgtext makes arbitrary strings storable in Postgres text columns.
 package pgtext
 
 import (

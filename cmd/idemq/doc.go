@@ -1,0 +1,19 @@
+// Command idemq is idemq's operations tool:
+//
+//	idemq migrate [flags]           create or upgrade the consumption-record and dead-letter tables
+//	idemq inspect [flags]           show the consumption record of a message ID or business key
+//	idemq dead-letters [flags]      list the dead letters of a scope
+//	idemq redrive [flags]           make a FAILED_FINAL record retryable again
+//	idemq purge [flags]             delete expired consumption records
+//	idemq relay [flags]             run an outbox relay until SIGINT/SIGTERM
+//	idemq outbox migrate [flags]    create or upgrade the outbox table
+//	idemq outbox stats [flags]      count pending, parked and published rows
+//	idemq outbox parked [flags]     list parked rows with their last error
+//	idemq outbox unpark [flags] ID… make parked rows publishable again
+//
+// Each command lives in its own file and registers itself in commands. The
+// database comes from -dsn, else IDEMQ_DATABASE_URL, else TEST_POSTGRES_DSN,
+// else postgres://idemq:idemq@127.0.0.1:5432/idemq; -schema names the schema
+// of idemq's tables (default "idemq"). Run `idemq <command> -h` for the flags
+// of a command.
+package main

@@ -1,0 +1,2 @@
+// Package pgtext makes arbitrary strings storable in Postgres text columns.
+package pgtext

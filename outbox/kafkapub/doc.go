@@ -1,0 +1,38 @@
+// Package kafkapub is an outbox.Publisher for Kafka on
+// github.com/segmentio/kafka-go (>= v0.4.48, which Kafka 4.x requires).
+//
+// # Atomic appends per partition
+//
+// A relay publishes several rows of one key per batch only if a later row can
+// never be stored while an earlier row of its key is not (or consumers would
+// see the later one first). The kafka-go Writer cannot promise that: it
+// splits a call's messages into batches by count and size and retries each
+// batch on its own, so batch 1 may fail while batch 2 succeeds. This package
+// therefore produces with kafka.Client.Produce, the request the Writer itself
+// sends: one produce request per partition holding all of the call's records
+// for that partition, in order, as one record batch, which Kafka appends
+// atomically (all or nothing). When the records exceed Config.BatchBytes they
+// go in several requests, sent one after the other, and a key's rows stop at
+// its first failed request. So Publisher implements outbox.ChainPublisher, and
+// a relay publishes a whole batch in about one round trip per partition.
+//
+// # Broker settings
+//
+// Every request uses acks=all (kafka.RequireAll: kafka-go's Writer default is
+// acks=0, which would mark rows published that the broker never stored).
+// Topics are not created on a produce (kafka-go's AllowAutoTopicCreation
+// default, false): create them first, or set Config.CreateTopics. Keys are
+// mapped to partitions with kafka.Murmur2Balancer (the Java client's
+// partitioner) over the topic's partition count, so a key lands where Java
+// producers put it and every row of a key goes to one partition. There is no
+// batching delay (the Writer's BatchTimeout, 1s by default, does not apply):
+// the relay's batches are the batches.
+//
+// # Message ID
+//
+// Every envelope's headers, including the message-id header the outbox sets
+// (outbox.Config.MessageIDHeader), become Kafka headers, sorted by name, so a
+// republished row carries byte-identical key, value and headers.
+// broker/kafkaadapter reads the same header, so an idemq consumer dedups relay
+// republishes with no configuration.
+package kafkapub
