@@ -33,7 +33,7 @@ func TestCLIDeadLetterRedrive(t *testing.T) {
 	if out := run("dead-letters", "-scope", "billing"); !strings.Contains(out, "m-dl") || !strings.Contains(out, "permanent_error") || !strings.Contains(out, "address invalid") {
 		t.Fatalf("dead-letters output:\n%s", out)
 	}
-	if out := run("inspect", "-scope", "billing", "-business-key", "inv-9"); !strings.Contains(out, `"Status": "FAILED_FINAL"`) {
+	if out := run("inspect", "-scope", "billing", "-business-key", "inv-9"); !strings.Contains(out, `"status": "FAILED_FINAL"`) {
 		t.Fatalf("inspect output:\n%s", out)
 	}
 	run("redrive", "-scope", "billing", "-message-id", "m-dl")

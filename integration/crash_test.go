@@ -241,11 +241,37 @@ func TestKafkaCrashMidStreamNoDoubleEffectNothingLost(t *testing.T) {
 
 	first := startPayments(t, bin, topic, group, e.schema, 25)
 	first.waitKilled(t)
+	// The kill hit the window: some SUCCEEDED record lies at or above its
+	// partition's committed offset (committed in Postgres, not acked).
+	committed := committedOffsets(t, group, topic, 3)
+	rows, err := e.pool.Query(e.ctx, `select source from `+e.table("consumption_records")+` where status = 'SUCCEEDED'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unacked, done := 0, 0
+	for rows.Next() {
+		var src string
+		var p int
+		var off int64
+		if err := rows.Scan(&src); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fmt.Sscanf(src[strings.LastIndexByte(src[:strings.LastIndexByte(src, '/')], '/')+1:], "%d/%d", &p, &off); err != nil {
+			t.Fatalf("source %q: %v", src, err)
+		}
+		done++
+		if off >= committed[p] {
+			unacked++
+		}
+	}
+	if done < 20 || unacked == 0 {
+		t.Fatalf("after the kill: %d SUCCEEDED records, %d of them above the committed offsets %v; want work committed but not acked", done, unacked, committed)
+	}
 	second := startPayments(t, bin, topic, group, e.schema, 0)
 	waitCaughtUp(t, group, topic)
 	second.stop(t)
 
-	rows, err := e.pool.Query(e.ctx, `select payment_id, amount from `+e.table("payments"))
+	rows, err = e.pool.Query(e.ctx, `select payment_id, amount from `+e.table("payments"))
 	if err != nil {
 		t.Fatal(err)
 	}

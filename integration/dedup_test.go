@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5"
 )
@@ -156,62 +159,125 @@ func TestPermanentErrorDeadLettersOnce(t *testing.T) {
 	}
 }
 
-// S10: unique violations inside the transaction.
+// pgErrors is a pgx QueryTracer that records the SQLSTATE of every failed
+// statement on its connections.
+type pgErrors struct {
+	mu    sync.Mutex
+	codes []string
+}
+
+func (p *pgErrors) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (p *pgErrors) TraceQueryEnd(_ context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	var pgErr *pgconn.PgError
+	if errors.As(d.Err, &pgErr) {
+		p.mu.Lock()
+		p.codes = append(p.codes, pgErr.Code)
+		p.mu.Unlock()
+	}
+}
+
+func (p *pgErrors) seen() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.codes...)
+}
+
+// S10: unique violations inside the transaction. The store runs on a pool of
+// one connection whose every failed statement is recorded, so "no 25P02
+// anywhere" and "the pooled connection works for the next query" are
+// checked on the very connection that saw the duplicates.
 func TestS10UniqueViolations(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
-	tbl := e.paymentsTable()
+	tbl := e.table("orders")
+	e.exec(`create table ` + tbl + ` (message_id text primary key, order_no text not null)`)
+	e.exec(`alter table ` + tbl + ` add constraint orders_order_no_key unique (order_no)`)
+	tracer := &pgErrors{}
+	cfg, err := pgxpool.ParseConfig(postgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	cfg.ConnConfig.Tracer = tracer
+	one, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(one.Close)
+	st, err := dedup.NewStore(one, dedup.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var connPID uint32
+	if err := one.AcquireFunc(e.ctx, func(c *pgxpool.Conn) error { connPID = c.Conn().PgConn().PID(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+
 	calls := atomic.Int64{}
 	ok := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 		calls.Add(1)
-		_, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount, order_no) values ($1, 1, $2)`, m.Identity.MessageID, string(m.Payload))
+		_, err := tx.Exec(ctx, `insert into `+tbl+` (message_id, order_no) values ($1, $2)`, m.Identity.MessageID, string(m.Payload))
 		return err
 	}
-	if res, err := e.store.Process(e.ctx, msg(t, "orders", "m-10", "", "ord-1"), ok); err != nil || res.Outcome != dedup.OutcomeProcessed {
+	if res, err := st.Process(e.ctx, msg(t, "orders", "m-10", "", "ord-1"), ok); err != nil || res.Outcome != dedup.OutcomeProcessed {
 		t.Fatalf("first: %+v %v", res, err)
 	}
-	// (a) redelivery of a SUCCEEDED message: no 25P02, handler not called,
-	// and the pooled connection works afterwards.
+	// (a) redelivery of a SUCCEEDED message: no statement fails at all (so
+	// no 25P02), the handler is not called, and the same pooled connection
+	// answers the next query.
 	for range 5 {
-		res, err := e.store.Process(e.ctx, msg(t, "orders", "m-10", "", "ord-1"), ok)
+		res, err := st.Process(e.ctx, msg(t, "orders", "m-10", "", "ord-1"), ok)
 		if err != nil || res.Outcome != dedup.OutcomeDuplicate || res.MatchedBy != dedup.ByMessageID {
 			t.Fatalf("(a) redelivery: %+v %v", res, err)
 		}
 	}
+	if codes := tracer.seen(); len(codes) != 0 {
+		t.Fatalf("(a) failed statements during redelivery: SQLSTATEs %v", codes)
+	}
+	var pid uint32
+	var n int
+	if err := one.AcquireFunc(e.ctx, func(c *pgxpool.Conn) error {
+		pid = c.Conn().PgConn().PID()
+		return c.QueryRow(e.ctx, `select count(*) from `+tbl).Scan(&n)
+	}); err != nil || pid != connPID || n != 1 {
+		t.Fatalf("(a) next query on the pooled connection: pid %d (was %d), rows %d, err %v", pid, connPID, n, err)
+	}
 	if calls.Load() != 1 {
 		t.Fatalf("(a) handler calls = %d", calls.Load())
 	}
-	if n := e.count(`select count(*) from ` + tbl); n != 1 {
-		t.Fatalf("(a) rows = %d", n)
-	}
-	constraint := "payments_order_no_key"
+	const constraint = "orders_order_no_key"
 	// (b) a new message whose handler violates the business table's unique
-	// constraint: a handler failure, FAILED_RETRYABLE naming the constraint.
-	res, err := e.store.Process(e.ctx, msg(t, "orders", "m-11", "", "ord-1"), ok)
-	if err != nil || res.Outcome != dedup.OutcomeRetry || !dedup.IsUniqueViolation(res.Err, constraint) {
-		t.Fatalf("(b): %+v %v", res, err)
+	// constraint: a handler failure, FAILED_RETRYABLE naming the constraint,
+	// never acked as a duplicate.
+	check := func(part, id string, h dedup.Handler) {
+		t.Helper()
+		res, err := st.Process(e.ctx, msg(t, "orders", id, "", "ord-1"), h)
+		if err != nil || res.Outcome != dedup.OutcomeRetry || res.Outcome.Acked() || !dedup.IsUniqueViolation(res.Err, constraint) {
+			t.Fatalf("(%s): %+v %v", part, res, err)
+		}
+		r, err := st.Lookup(e.ctx, "orders", id)
+		if err != nil || r.Status != dedup.StatusFailedRetryable || r.LastErrorClass != "pg:23505:"+constraint || !strings.Contains(r.LastError, constraint) {
+			t.Fatalf("(%s) record = %+v %v", part, r, err)
+		}
 	}
-	r := e.record("orders", "m-11")
-	if r.Status != dedup.StatusFailedRetryable || r.LastErrorClass != "pg:23505:"+constraint || !strings.Contains(r.LastError, constraint) {
-		t.Fatalf("(b) record = %+v", r)
-	}
+	check("b", "m-11", ok)
 	// (c) the same error wrapped with %w classifies the same.
-	wrapped := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+	check("c", "m-12", func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 		if err := ok(ctx, tx, m); err != nil {
 			return fmt.Errorf("create order: %w", err)
 		}
 		return nil
+	})
+	for _, c := range tracer.seen() {
+		if c == "25P02" {
+			t.Fatalf("a statement ran in an aborted transaction (25P02): %v", tracer.seen())
+		}
 	}
-	res, err = e.store.Process(e.ctx, msg(t, "orders", "m-12", "", "ord-1"), wrapped)
-	if err != nil || res.Outcome != dedup.OutcomeRetry || res.Outcome == dedup.OutcomeDuplicate {
-		t.Fatalf("(c): %+v %v", res, err)
-	}
-	if r := e.record("orders", "m-12"); r.Status != dedup.StatusFailedRetryable || r.LastErrorClass != "pg:23505:"+constraint {
-		t.Fatalf("(c) record = %+v", r)
-	}
-	var one int
-	if err := e.pool.QueryRow(e.ctx, "select 1").Scan(&one); err != nil || one != 1 {
-		t.Fatalf("pool unusable after violations: %v", err)
+	if err := one.QueryRow(e.ctx, "select count(*) from "+tbl).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("pool after violations: rows %d, %v", n, err)
 	}
 }
 

@@ -31,8 +31,8 @@
 //	S10 unique violation inside the transaction (redelivery, own table, wrapped)              TestS10UniqueViolations
 //	S11 fast-path miss falls through to Postgres; Redis down                                 TestS11FastPathMissFallsThroughToPostgres
 //	S12 stale claim marker in Redis is not trusted                                          TestS12StaleRedisMarkerNotTrusted
-//	S13 lease lost while the owner still works: fencing                                      TestS13S14LeaseLostWhileOwnerWorks
-//	S14 clock skew: leases in database time                                                 TestS13S14LeaseLostWhileOwnerWorks
+//	S13 lease lost while the owner still works: fencing                                      TestS13LeaseLostWhileOwnerWorks
+//	S14 clock skew: leases and retention in database time                                   TestS14ClockSkewUsesDatabaseTime
 //	S15 a duplicate input publishes nothing new                                             TestOutboxS15DuplicateInputPublishesNothingNew
 //	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
 //

@@ -85,7 +85,10 @@ type commitCall struct {
 type spySource struct {
 	inner      *kafkaadapter.Source
 	failCommit func(done []consumer.Delivery) error
-	beforeOK   func(done []consumer.Delivery) // runs before a commit is sent
+	// failAfter, when set, runs after the commit reached Kafka and may
+	// return an error anyway (a lost response).
+	failAfter func(done []consumer.Delivery) error
+	beforeOK  func(done []consumer.Delivery) // runs before a commit is sent
 
 	mu      sync.Mutex
 	commits []commitCall
@@ -134,6 +137,9 @@ func (s *spySource) Commit(ctx context.Context, done []consumer.Delivery) error 
 	}
 	if err == nil {
 		err = s.inner.Commit(ctx, done)
+		if err == nil && s.failAfter != nil {
+			err = s.failAfter(done)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -227,6 +233,26 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// committedOffsets returns the group's committed offset per partition of
+// topic (-1 when none).
+func committedOffsets(t testing.TB, group, topic string, partitions int) map[int]int64 {
+	t.Helper()
+	cl := &kafka.Client{Addr: kafka.TCP(kafkaBrokers(t)...), Timeout: 10 * time.Second}
+	parts := make([]int, partitions)
+	for i := range parts {
+		parts[i] = i
+	}
+	resp, err := cl.OffsetFetch(context.Background(), &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]int64{}
+	for _, p := range resp.Topics[topic] {
+		out[p.Partition] = p.CommittedOffset
+	}
+	return out
 }
 
 // groupOffset is the committed offset of partition 0 of topic for group (-1

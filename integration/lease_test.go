@@ -7,13 +7,15 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// S13 and S14: lease mode for side effects outside the database. Owner A
-// claims with a 2 s lease and stalls 5 s without heartbeats; a copy at 1 s
-// finds the lease live (no early takeover: deadlines are database time);
-// B at 3 s takes over and completes; A's completion is fenced and not acked.
-func TestS13S14LeaseLostWhileOwnerWorks(t *testing.T) {
+// S13: lease mode for side effects outside the database. Owner A claims with
+// a 4 s lease and stalls 10 s without heartbeats; a copy at 1 s finds the
+// lease live; B at 6 s takes over and completes; A's completion is fenced and
+// not acked. (The scenario's 2 s / 5 s / 3 s, with margins for a loaded
+// machine.)
+func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	provider := e.table("provider_charges")
@@ -28,7 +30,8 @@ func TestS13S14LeaseLostWhileOwnerWorks(t *testing.T) {
 			l.IdempotencyKey(), l.Fence, owner)
 		return err
 	}
-	opt := dedup.LeaseOptions{TTL: 2 * time.Second, Heartbeat: -1}
+	opt := dedup.LeaseOptions{TTL: 4 * time.Second, Heartbeat: -1}
+	var aFence int64
 	type outcome struct {
 		res dedup.Result
 		err error
@@ -37,11 +40,13 @@ func TestS13S14LeaseLostWhileOwnerWorks(t *testing.T) {
 	claimed := make(chan struct{})
 	go func() {
 		res, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(ctx context.Context, m *dedup.Message) error {
+			l, _ := dedup.LeaseFromContext(ctx)
+			aFence = l.Fence
 			close(claimed)
 			if err := charge(ctx, "A"); err != nil {
 				return err
 			}
-			time.Sleep(5 * time.Second) // stalled: no heartbeat
+			time.Sleep(10 * time.Second) // stalled: no heartbeat
 			return nil
 		}, opt)
 		aDone <- outcome{res, err}
@@ -51,8 +56,8 @@ func TestS13S14LeaseLostWhileOwnerWorks(t *testing.T) {
 	if err := e.pool.QueryRow(e.ctx, `select extract(epoch from lease_until - now()) from `+e.table("consumption_records")+` where message_id = 'm-13'`).Scan(&leaseLeft); err != nil {
 		t.Fatal(err)
 	}
-	if leaseLeft <= 0 || leaseLeft > 2.01 {
-		t.Fatalf("lease_until - database now() = %.3fs, want within (0, 2]", leaseLeft)
+	if leaseLeft <= 0 || leaseLeft > 4.01 {
+		t.Fatalf("lease_until - database now() = %.3fs, want within (0, 4]", leaseLeft)
 	}
 
 	time.Sleep(time.Second)
@@ -64,10 +69,13 @@ func TestS13S14LeaseLostWhileOwnerWorks(t *testing.T) {
 		t.Fatalf("copy at 1s: %+v %v, want retry (lease held, not acked)", early, err)
 	}
 
-	time.Sleep(2 * time.Second) // 3 s: A's lease has expired
+	time.Sleep(5 * time.Second) // 6 s: A's lease has expired, A still stalls
+	var bFence int64
 	b, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(ctx context.Context, m *dedup.Message) error {
+		l, _ := dedup.LeaseFromContext(ctx)
+		bFence = l.Fence
 		return charge(ctx, "B")
-	}, dedup.LeaseOptions{TTL: 2 * time.Second})
+	}, dedup.LeaseOptions{TTL: 4 * time.Second})
 	if err != nil || b.Outcome != dedup.OutcomeProcessed || b.Attempts != 2 {
 		t.Fatalf("B: %+v %v, want processed on attempt 2", b, err)
 	}
@@ -76,8 +84,8 @@ func TestS13S14LeaseLostWhileOwnerWorks(t *testing.T) {
 		t.Fatalf("A: %+v %v, want fenced and not acked", a.res, a.err)
 	}
 	r := e.record("billing", "m-13")
-	if r.Status != dedup.StatusSucceeded || r.Fence != 2 || r.Attempts != 2 {
-		t.Fatalf("record = %+v, want SUCCEEDED, fence 2 (grew by 1), attempts 2", r)
+	if aFence < 1 || bFence != aFence+1 || r.Fence != bFence || r.Status != dedup.StatusSucceeded || r.Attempts != 2 {
+		t.Fatalf("record = %+v, A's fence %d, B's %d: want SUCCEEDED, attempts 2, fence grown by 1", r, aFence, bFence)
 	}
 	if n := e.count(`select count(*) from ` + provider); n != 1 {
 		t.Fatalf("downstream effects = %d, want 1 (keyed by the identity)", n)
@@ -98,12 +106,25 @@ func TestS13S14LeaseLostWhileOwnerWorks(t *testing.T) {
 func TestLeaseHeartbeatAndFailure(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
+	probe := make(chan dedup.Result, 1)
 	res, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-slow", "", "x"), func(ctx context.Context, m *dedup.Message) error {
-		time.Sleep(2500 * time.Millisecond) // longer than the TTL; heartbeats every 300ms
+		// Past the 1 s TTL, a copy must still find the lease live: only
+		// the heartbeat (every 300 ms) can have extended it.
+		time.Sleep(2500 * time.Millisecond)
+		r, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-slow", "", "x"), func(context.Context, *dedup.Message) error {
+			return errors.New("copy ran while the owner's lease was kept alive")
+		}, dedup.LeaseOptions{TTL: time.Second})
+		if err != nil {
+			return err
+		}
+		probe <- r
 		return ctx.Err()
 	}, dedup.LeaseOptions{TTL: time.Second, Heartbeat: 300 * time.Millisecond})
 	if err != nil || res.Outcome != dedup.OutcomeProcessed {
 		t.Fatalf("slow owner with heartbeat: %+v %v", res, err)
+	}
+	if p := <-probe; p.Outcome != dedup.OutcomeRetry || !errors.Is(p.Err, dedup.ErrLeaseHeld) {
+		t.Fatalf("copy at 2.5 s = %+v, want ErrLeaseHeld (heartbeat keeps the lease)", p)
 	}
 	res, err = e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-bad", "", "x"), func(context.Context, *dedup.Message) error {
 		return dedup.Permanent(errors.New("card declined"))
@@ -116,5 +137,71 @@ func TestLeaseHeartbeatAndFailure(t *testing.T) {
 	}
 	if err := (dedup.LeaseOptions{TTL: 20 * time.Minute}).ValidateUnder(15 * time.Minute); !errors.Is(err, dedup.ErrInvalidConfig) {
 		t.Fatalf("lease TTL above RocketMQ's ConsumeTimeout accepted: %v", err)
+	}
+}
+
+// S14: the consumer's clock runs 10 minutes ahead of the database. Here the
+// database's now() is shadowed to run 10 minutes behind the real clock (which
+// the application uses), for a pool of its own. Lease expiry and retention
+// must follow database time: no early takeover, no early purge.
+func TestS14ClockSkewUsesDatabaseTime(t *testing.T) {
+	t.Parallel()
+	base := setup(t, nil)
+	skew := randomName("skew_")
+	base.exec(`create schema ` + skew)
+	base.exec(`create function ` + skew + `.now() returns timestamptz language sql stable as $$ select pg_catalog.now() - interval '10 minutes' $$`)
+	t.Cleanup(func() { base.exec(`drop schema ` + skew + ` cascade`) })
+	cfg, err := pgxpool.ParseConfig(postgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = skew + ", pg_catalog"
+	pool, err := pgxpool.NewWithConfig(base.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var dbAhead float64
+	if err := pool.QueryRow(base.ctx, `select extract(epoch from now() - clock_timestamp())`).Scan(&dbAhead); err != nil || dbAhead > -590 {
+		t.Fatalf("shadowed now() is %.0fs from the real clock (%v), want about -600", dbAhead, err)
+	}
+	st, err := dedup.NewStore(pool, dedup.Config{Schema: base.schema, Fingerprinter: testFingerprinter(t), SucceededRetention: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt := dedup.LeaseOptions{TTL: 3 * time.Second, Heartbeat: -1}
+	claimed, release := make(chan struct{}), make(chan struct{})
+	done := make(chan dedup.Result, 1)
+	go func() {
+		res, _ := st.ProcessLeased(base.ctx, msg(t, "skew", "m-14", "", "x"), func(context.Context, *dedup.Message) error {
+			close(claimed)
+			<-release
+			return nil
+		}, opt)
+		done <- res
+	}()
+	<-claimed
+	time.Sleep(500 * time.Millisecond)
+	copyRes, err := st.ProcessLeased(base.ctx, msg(t, "skew", "m-14", "", "x"), func(context.Context, *dedup.Message) error {
+		return errors.New("early takeover")
+	}, opt)
+	close(release)
+	if err != nil || copyRes.Outcome != dedup.OutcomeRetry || !errors.Is(copyRes.Err, dedup.ErrLeaseHeld) {
+		t.Fatalf("copy during a live lease: %+v %v, want ErrLeaseHeld", copyRes, err)
+	}
+	if r := <-done; r.Outcome != dedup.OutcomeProcessed {
+		t.Fatalf("owner: %+v", r)
+	}
+	// Retention: the record expires 1 minute after its completion in
+	// database time; a purge now must not take it.
+	var left float64
+	if err := pool.QueryRow(base.ctx, `select extract(epoch from expires_at - now()) from `+base.table("consumption_records")+` where message_id = 'm-14'`).Scan(&left); err != nil || left < 50 || left > 61 {
+		t.Fatalf("expires_at - database now() = %.1fs (%v), want about 60", left, err)
+	}
+	if n, err := st.Purge(base.ctx, 10); err != nil || n != 0 {
+		t.Fatalf("purge right after completion removed %d (%v), want 0", n, err)
+	}
+	if _, err := st.Lookup(base.ctx, "skew", "m-14"); err != nil {
+		t.Fatalf("record purged early: %v", err)
 	}
 }

@@ -109,8 +109,8 @@ func TestS11FastPathMissFallsThroughToPostgres(t *testing.T) {
 				t.Fatalf("calls %d, want 1 call, 1 row, SUCCEEDED", calls.Load())
 			}
 			_, misses, errs := e.store.FastPathStats()
-			if redisDown && errs < 2 {
-				t.Fatalf("fast-path errors = %d, want every Redis call counted", errs)
+			if redisDown && errs != 4 {
+				t.Fatalf("fast-path errors = %d, want 4 (2 lookups, 2 remembers)", errs)
 			}
 			if !redisDown && (errs != 0 || misses != 2) {
 				t.Fatalf("misses %d errors %d, want 2 misses and 0 errors", misses, errs)
@@ -144,5 +144,56 @@ func TestS12StaleRedisMarkerNotTrusted(t *testing.T) {
 	}
 	if hits, _, _ := e.store.FastPathStats(); hits != 1 {
 		t.Fatalf("fast-path hits = %d, want 1", hits)
+	}
+}
+
+// S12, the root of it: the fast path is written only after a SUCCEEDED
+// commit. A handler that fails leaves no Redis marker (checked from inside
+// the handler and after), so the next copy runs the handler again.
+func TestS12NoRedisMarkerBeforeCommit(t *testing.T) {
+	t.Parallel()
+	client := redisClient(t)
+	e, fp := setupFast(t, client)
+	tbl := e.paymentsTable()
+	id := msg(t, "payments", "m-401", "pay-401", "x").Identity
+	keys := []string{fp.Key(id.Scope, "m", id.MessageID), fp.Key(id.Scope, "b", id.BusinessKey)}
+	markers := func() int64 {
+		n, err := client.Exists(e.ctx, keys...).Result()
+		if err != nil {
+			t.Error(err)
+		}
+		return n
+	}
+	var calls int
+	var seenInHandler []int64
+	h := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		calls++
+		seenInHandler = append(seenInHandler, markers())
+		if _, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ('p-401', 1)`); err != nil {
+			return err
+		}
+		if calls == 1 {
+			return errors.New("worker 1 dies before its commit")
+		}
+		return nil
+	}
+	if res, err := e.store.Process(e.ctx, msg(t, "payments", "m-401", "pay-401", "x"), h); err != nil || res.Outcome != dedup.OutcomeRetry {
+		t.Fatalf("first copy: %+v %v", res, err)
+	}
+	if n := markers(); n != 0 {
+		t.Fatalf("%d fast-path markers after a failed attempt, want 0", n)
+	}
+	res, err := e.store.Process(e.ctx, msg(t, "payments", "m-401", "pay-401", "x"), h)
+	if err != nil || res.Outcome != dedup.OutcomeProcessed || res.Attempts != 2 || calls != 2 {
+		t.Fatalf("second copy: %+v %v calls %d, want processed on attempt 2", res, err, calls)
+	}
+	if seenInHandler[0] != 0 || seenInHandler[1] != 0 {
+		t.Fatalf("markers seen inside the handler = %v, want none before the commit", seenInHandler)
+	}
+	if n := markers(); n != 2 {
+		t.Fatalf("%d fast-path markers after SUCCEEDED, want 2 (message ID and business key)", n)
+	}
+	if r := e.record("payments", "m-401"); r.Status != dedup.StatusSucceeded || r.Attempts != 2 || e.count(`select count(*) from `+tbl) != 1 {
+		t.Fatalf("record = %+v", r)
 	}
 }

@@ -348,6 +348,17 @@ func rmqOrderBody(id string, amount int64) []byte {
 
 func TestRocketMQS06ResendWhileFirstAttemptRuns(t *testing.T) {
 	t.Parallel()
+	// The copy reaches the same listener (serialized in process) or another
+	// instance's listener (serialized only by Postgres' row lock).
+	for _, where := range []string{"same instance", "other instance"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			testS06Resend(t, where == "other instance")
+		})
+	}
+}
+
+func testS06Resend(t *testing.T, otherInstance bool) {
 	e := setup(t, nil)
 	tbl := e.paymentsTable()
 	var calls, running, maxRunning atomic.Int64
@@ -367,6 +378,10 @@ func TestRocketMQS06ResendWhileFirstAttemptRuns(t *testing.T) {
 	}
 	obs := &rmqObserver{}
 	l := rmqListener(t, e, "billing", h, obs)
+	l2 := l
+	if otherInstance {
+		l2 = rmqListener(t, e, "billing", h, obs)
+	}
 	first := rmqExt("invoices", "U1", "O1", "invoice-9", primitive.MessageQueue{Topic: "invoices", BrokerName: "broker-a", QueueId: 2}, 40, 0, `{"invoice":"invoice-9"}`)
 	copy1 := rmqRetryCopy(first, "billing", "O2", 0, 1)
 
@@ -381,7 +396,7 @@ func TestRocketMQS06ResendWhileFirstAttemptRuns(t *testing.T) {
 	}()
 	time.Sleep(2 * time.Second)
 	go func() {
-		r, _ := l.Consume(context.Background(), copy1)
+		r, _ := l2.Consume(context.Background(), copy1)
 		// The copy may only be acknowledged once the first outcome is
 		// durable: the record must be SUCCEEDED right now.
 		rec, err := e.store.Lookup(e.ctx, "billing", "U1")
@@ -436,13 +451,25 @@ func TestRocketMQS06ResendWhileFirstAttemptRuns(t *testing.T) {
 // then runs the handler.
 func TestRocketMQS06FirstAttemptFailsCopyProcesses(t *testing.T) {
 	t.Parallel()
+	for _, where := range []string{"same instance", "other instance"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			testS06FirstFails(t, where == "other instance")
+		})
+	}
+}
+
+func testS06FirstFails(t *testing.T, otherInstance bool) {
 	e := setup(t, nil)
 	tbl := e.paymentsTable()
 	var calls, running, maxRunning atomic.Int64
 	h := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 		n := calls.Add(1)
-		if r := running.Add(1); r > maxRunning.Load() {
-			maxRunning.Store(r)
+		for r := running.Add(1); ; {
+			m := maxRunning.Load()
+			if r <= m || maxRunning.CompareAndSwap(m, r) {
+				break
+			}
 		}
 		defer running.Add(-1)
 		if _, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ($1, 9)`, m.Identity.BusinessKey); err != nil {
@@ -456,12 +483,16 @@ func TestRocketMQS06FirstAttemptFailsCopyProcesses(t *testing.T) {
 	}
 	obs := &rmqObserver{}
 	l := rmqListener(t, e, "billing", h, obs)
+	l2 := l
+	if otherInstance {
+		l2 = rmqListener(t, e, "billing", h, obs)
+	}
 	first := rmqExt("invoices", "U1", "O1", "invoice-9", primitive.MessageQueue{Topic: "invoices", BrokerName: "broker-a", QueueId: 2}, 40, 0, `{"invoice":"invoice-9"}`)
 	copy1 := rmqRetryCopy(first, "billing", "O2", 0, 1)
 	firstDone, copyDone := make(chan rmqconsumer.ConsumeResult, 1), make(chan rmqconsumer.ConsumeResult, 1)
 	go func() { r, _ := l.Consume(context.Background(), first); firstDone <- r }()
 	time.Sleep(2 * time.Second)
-	go func() { r, _ := l.Consume(context.Background(), copy1); copyDone <- r }()
+	go func() { r, _ := l2.Consume(context.Background(), copy1); copyDone <- r }()
 	if r := <-firstDone; r != rmqconsumer.ConsumeRetryLater {
 		t.Fatalf("failed first attempt answered %v, want ConsumeRetryLater", r)
 	}
@@ -582,9 +613,7 @@ func TestRocketMQS08PoisonMessage(t *testing.T) {
 		t.Fatalf("4th: %+v", seen[3].res)
 	}
 	r := e.record("shipping", "U4")
-	// (reconsume_times is not asserted: dedup's failure mark does not update
-	// it yet, so it keeps the first copy's 0.)
-	if r.Status != dedup.StatusFailedFinal || r.Attempts != 4 || !strings.Contains(r.LastError, "address invalid") {
+	if r.Status != dedup.StatusFailedFinal || r.Attempts != 4 || r.ReconsumeTimes != 3 || !strings.Contains(r.LastError, "address invalid") {
 		t.Fatalf("record = %+v", r)
 	}
 	if n := e.count(`select count(*) from ` + tbl); n != 0 {
