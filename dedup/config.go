@@ -38,7 +38,8 @@ type Config struct {
 	// Logger receives debug lines for claims and marks. Default slog.Default().
 	Logger *slog.Logger
 	// FastPath, when set, answers duplicates of SUCCEEDED records without
-	// Postgres (e.g. redisfast.New). Default nil: Postgres only.
+	// Postgres (e.g. redisfast.New). Default nil: Postgres only. A FastPath
+	// with a TTL() method must not remember longer than SucceededRetention.
 	FastPath FastPath
 }
 
@@ -94,6 +95,9 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: SucceededRetention %s must be at least 1m", ErrInvalidConfig, c.SucceededRetention)
 	case c.FailedFinalRetention < c.SucceededRetention:
 		return fmt.Errorf("%w: FailedFinalRetention %s is shorter than SucceededRetention %s", ErrInvalidConfig, c.FailedFinalRetention, c.SucceededRetention)
+	}
+	if t, ok := c.FastPath.(interface{ TTL() time.Duration }); ok && t.TTL() > c.SucceededRetention {
+		return fmt.Errorf("%w: FastPath TTL %s is longer than SucceededRetention %s: a purged record would still be answered from the fast path", ErrInvalidConfig, t.TTL(), c.SucceededRetention)
 	}
 	return nil
 }

@@ -19,12 +19,13 @@ type Config struct {
 	Client redis.UniversalClient
 	// Prefix starts every key. Default "idemq".
 	Prefix string
-	// TTL is how long an identity is remembered. Default 24h. It should not
-	// exceed the store's SucceededRetention (a purged record must not be
-	// answered from Redis).
+	// TTL is how long an identity is remembered. Default 24h; at least 1s.
+	// dedup.NewStore refuses a TTL longer than its SucceededRetention (a
+	// purged record must not be answered from Redis).
 	TTL time.Duration
 	// Timeout bounds each Redis round trip so a slow Redis cannot slow the
-	// consumer more than this; on timeout Postgres answers. Default 50ms.
+	// consumer more than this; on timeout Postgres answers. Default 50ms;
+	// must not be negative.
 	Timeout time.Duration
 }
 
@@ -57,6 +58,9 @@ func New(cfg Config) (*FastPath, error) {
 	}
 	return &FastPath{c: cfg.Client, prefix: cfg.Prefix, ttl: cfg.TTL, timeout: cfg.Timeout}, nil
 }
+
+// TTL is how long an identity is remembered (Config.TTL with its default).
+func (f *FastPath) TTL() time.Duration { return f.ttl }
 
 // Key returns the Redis key of one identity part: kind "m" (message ID) or
 // "b" (business key).
