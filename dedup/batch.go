@@ -9,10 +9,10 @@ import (
 )
 
 // ProcessBatch runs h for msgs in batched atomic mode: one
-// transaction and one commit for the whole batch, each message under its own
-// savepoint. A message whose handler fails rolls back alone (its writes and
-// claim) and is marked FAILED_RETRYABLE or FAILED_FINAL (+ dead letter) in
-// the same transaction. This is the throughput mode: the commit, the costly
+// transaction and one commit for the whole batch, each handler run after its
+// own savepoint. A message whose handler fails rolls back alone (its writes)
+// and is marked FAILED_RETRYABLE or FAILED_FINAL (+ dead letter) in the same
+// transaction. This is the throughput mode: the commit, the costly
 // part, is paid once per batch.
 //
 // Messages are handled in order. Processing stops at the first OutcomeRetry
@@ -63,38 +63,17 @@ func (s *Store) ProcessBatch(ctx context.Context, msgs []*Message, h Handler) ([
 			results[i] = res
 			continue
 		}
-		sp, err := tx.Begin(ctx) // SAVEPOINT
-		if err != nil {
-			return nil, fmt.Errorf("idemq: savepoint: %w", err)
-		}
-		res, herr, err := s.claimAndRunIn(ctx, sp, m, fps[i].sum, fps[i].keyID, h)
+		res, herr, err := s.claimAndRunIn(ctx, tx, m, fps[i].sum, fps[i].keyID, h, false)
 		if err != nil {
 			return nil, err
 		}
-		if herr == nil {
-			if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
-				return nil, fmt.Errorf("idemq: release savepoint: %w", err)
-			}
-			results[i] = res
-			if res.Outcome == OutcomeRetry {
-				break
-			}
-			continue
+		if herr != nil {
+			// The handler's failure could not be rolled back to its
+			// savepoint: the transaction is unusable, the batch fails.
+			return nil, fmt.Errorf("idemq: batch transaction unusable after a handler failure: %w", herr)
 		}
-		// The failure could not be marked under the message's savepoint.
-		if err := sp.Rollback(ctx); err != nil { // ROLLBACK TO SAVEPOINT
-			return nil, fmt.Errorf("idemq: rollback to savepoint: %w", err)
-		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("idemq: handler interrupted: %w", errors.Join(ctx.Err(), herr))
-		}
-		marked, err := s.markFailedIn(ctx, tx, m, fps[i].sum, fps[i].keyID, herr, ReasonAttemptsExhausted)
-		if err != nil {
-			return nil, err
-		}
-		marked.HandlerCalled = true
-		results[i] = marked
-		if marked.Outcome == OutcomeRetry {
+		results[i] = res
+		if res.Outcome == OutcomeRetry {
 			break
 		}
 	}

@@ -4,8 +4,8 @@ package dedup
 type Status string
 
 const (
-	// StatusProcessing: a handler execution holds the record (in atomic mode
-	// only inside the open transaction, never committed).
+	// StatusProcessing: a handler execution holds the record (lease mode;
+	// atomic modes use it only inside the open transaction, never committed).
 	StatusProcessing Status = "PROCESSING"
 	// StatusSucceeded: the handler's effects committed; copies are duplicates.
 	StatusSucceeded Status = "SUCCEEDED"

@@ -131,6 +131,39 @@ func (q *queries) insert(ctx context.Context, tx pgx.Tx, msg *Message, sum []byt
 	return rowID, nil
 }
 
+// handlerSavepoint is set before every handler run so that a failing handler
+// rolls back alone and its failure is marked in the same transaction.
+const handlerSavepoint = "idemq_handler"
+
+// claimInsert is insert of a new record (status PROCESSING, or SUCCEEDED with
+// its expiry when the caller commits only if the handler succeeds) pipelined
+// with the handler's savepoint in one round trip. It returns the new row's
+// id, or 0 when a unique key already exists (the savepoint is then set again
+// after the existing record is reclaimed).
+func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, status Status, expirySecs *float64) (int64, error) {
+	id := msg.Identity
+	b := &pgx.Batch{}
+	b.Queue(q.insertSQL, id.Scope, id.MessageID, id.BusinessKey, sum, keyID, string(status), 1,
+		"", "", clip(msg.Source, 1024), msg.ReconsumeTimes, expirySecs)
+	b.Queue("savepoint " + handlerSavepoint)
+	br := tx.SendBatch(ctx, b)
+	var rowID int64
+	err := br.QueryRow().Scan(&rowID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("idemq: claim %s: %w", id, err)
+	}
+	return rowID, nil
+}
+
 func (q *queries) lock(ctx context.Context, tx pgx.Tx, id Identity) (*record, error) {
 	var r record
 	var status string

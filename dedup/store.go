@@ -8,6 +8,7 @@ import (
 	"github.com/idemq/idemq/internal/pgtext"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -129,13 +130,20 @@ func (s *Store) claimAndRun(ctx context.Context, msg *Message, sum []byte, keyID
 		return Result{}, nil, fmt.Errorf("idemq: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	res, herr, err = s.claimAndRunIn(ctx, tx, msg, sum, keyID, h)
+	res, herr, err = s.claimAndRunIn(ctx, tx, msg, sum, keyID, h, true)
 	if err != nil || herr != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return res, herr, err
 	}
-	if err := commit(ctx, tx); err != nil {
-		return Result{}, nil, err
+	if err := tx.Commit(ctx); err != nil {
+		var pgErr *pgconn.PgError
+		if res.HandlerCalled && (errors.Is(err, pgx.ErrTxCommitRollback) || errors.As(err, &pgErr)) {
+			// The server refused the commit: the handler left the
+			// transaction aborted, or a deferred constraint of its writes
+			// failed. That is the handler's failure, marked like any other.
+			return Result{HandlerCalled: true, Attempts: res.Attempts}, fmt.Errorf("idemq: commit refused: %w", err), nil
+		}
+		return Result{}, nil, fmt.Errorf("idemq: commit: %w", err)
 	}
 	return res, nil, nil
 }
@@ -145,9 +153,13 @@ func (s *Store) claimAndRun(ctx context.Context, msg *Message, sum []byte, keyID
 // herr is set only when a handler failure could not be marked in tx (the
 // transaction is unusable): the caller must then roll back and markFailed in
 // a new transaction. On err the caller must roll back.
-func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, h Handler) (res Result, herr error, err error) {
+//
+// optimistic inserts a new record as SUCCEEDED right away (one statement
+// less): only for a caller that commits only when the handler succeeded and
+// that treats a refused commit as the handler's failure (claimAndRun).
+func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, h Handler, optimistic bool) (res Result, herr error, err error) {
 	id := msg.Identity
-	rowID, rec, err := s.claim(ctx, tx, msg, sum, keyID)
+	rowID, rec, err := s.claim(ctx, tx, msg, sum, keyID, optimistic)
 	attempts := 1
 	if err != nil {
 		return Result{}, nil, err
@@ -162,37 +174,36 @@ func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *Message, sum 
 		if attempts, err = s.q.reclaim(ctx, tx, rec.id, msg); err != nil {
 			return Result{}, nil, err
 		}
+		if _, err := tx.Exec(ctx, "savepoint "+handlerSavepoint); err != nil {
+			return Result{}, nil, fmt.Errorf("idemq: savepoint: %w", err)
+		}
 	}
 
-	// The handler runs under a savepoint: when it fails, its writes roll back
-	// alone and the failure is marked in this same transaction, still holding
-	// the record's row lock, so no other copy can slip in between.
+	// The handler runs after a savepoint (set with the claim): when it fails,
+	// its writes roll back alone and the failure is marked in this same
+	// transaction, still holding the record's row lock, so no other copy can
+	// slip in between.
 	msg.Attempt = attempts
 	called := Result{HandlerCalled: true, Attempts: attempts}
-	sp, err := tx.Begin(ctx) // SAVEPOINT
-	if err != nil {
-		return Result{}, nil, fmt.Errorf("idemq: savepoint: %w", err)
-	}
-	herr = runHandler(ctx, sp, msg, h)
-	if herr == nil {
-		if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
-			herr = fmt.Errorf("idemq: release savepoint: %w", err)
-		}
-	}
-	if herr == nil {
-		if err := s.q.markSucceeded(ctx, tx, id, rowID, *s.expiry(StatusSucceeded)); err != nil {
-			// The handler left the transaction unusable (for example it
-			// swallowed an error and went on): that is a handler failure.
-			return called, fmt.Errorf("idemq: mark succeeded: %w", err), nil
-		}
+	herr = runHandler(ctx, tx, msg, h)
+	if herr == nil && optimistic && rec == nil {
 		return Result{Outcome: OutcomeProcessed, Status: StatusSucceeded, Attempts: attempts, HandlerCalled: true}, nil, nil
+	}
+	if herr == nil {
+		err := s.q.markSucceeded(ctx, tx, id, rowID, *s.expiry(StatusSucceeded))
+		if err == nil {
+			return Result{Outcome: OutcomeProcessed, Status: StatusSucceeded, Attempts: attempts, HandlerCalled: true}, nil, nil
+		}
+		// The handler left the transaction unusable (for example it
+		// swallowed an error and went on): that is a handler failure.
+		herr = fmt.Errorf("idemq: mark succeeded: %w", err)
 	}
 	if ctx.Err() != nil {
 		// A shutdown is not the message's fault: mark nothing; the caller
 		// rolls back and the broker redelivers.
 		return Result{}, nil, fmt.Errorf("idemq: handler interrupted: %w", errors.Join(ctx.Err(), herr))
 	}
-	if err := sp.Rollback(ctx); err != nil { // ROLLBACK TO SAVEPOINT
+	if _, err := tx.Exec(ctx, "rollback to savepoint "+handlerSavepoint); err != nil {
 		return called, herr, nil // transaction unusable: the caller marks in a new one
 	}
 	res, err = s.markClaimedFailed(ctx, tx, rowID, attempts, msg, sum, herr)
@@ -227,12 +238,17 @@ func (s *Store) markClaimedFailed(ctx context.Context, tx pgx.Tx, rowID int64, a
 	return res, nil
 }
 
-// claim inserts a PROCESSING record with attempts 1 (returning its row id),
+// claim inserts a PROCESSING (optimistic: SUCCEEDED) record with attempts 1
+// (returning its row id),
 // or, when either unique key already exists, locks the existing record FOR
 // UPDATE and returns it.
-func (s *Store) claim(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string) (int64, *record, error) {
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, optimistic bool) (int64, *record, error) {
+	status, expiry := StatusProcessing, (*float64)(nil)
+	if optimistic {
+		status, expiry = StatusSucceeded, s.expiry(StatusSucceeded)
+	}
 	for try := 0; try < 3; try++ {
-		rowID, err := s.q.insert(ctx, tx, msg, sum, keyID, StatusProcessing, 1, "", "", nil)
+		rowID, err := s.q.claimInsert(ctx, tx, msg, sum, keyID, status, expiry)
 		if err != nil || rowID != 0 {
 			return rowID, nil, err
 		}

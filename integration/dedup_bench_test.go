@@ -44,9 +44,10 @@ func BenchmarkDedupOverhead(b *testing.B) {
 	}
 
 	b.Run("ceiling=plain-tx", func(b *testing.B) {
+		run := randomName("")
 		start := time.Now()
 		for i := range b.N {
-			id := fmt.Sprintf("plain-%d-%d", b.N, i)
+			id := fmt.Sprintf("plain-%s-%d", run, i)
 			if err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error { return insert(e.ctx, tx, id) }); err != nil {
 				b.Fatal(err)
 			}
@@ -54,9 +55,10 @@ func BenchmarkDedupOverhead(b *testing.B) {
 		ceiling = perMsg(b, time.Since(start))
 	})
 	b.Run("process-new", func(b *testing.B) {
+		run := randomName("")
 		start := time.Now()
 		for i := range b.N {
-			res, err := e.store.Process(e.ctx, benchMsg(b, fmt.Sprintf("new-%d-%d", b.N, i)), handler)
+			res, err := e.store.Process(e.ctx, benchMsg(b, fmt.Sprintf("new-%s-%d", run, i)), handler)
 			if err != nil || res.Outcome != dedup.OutcomeProcessed {
 				b.Fatalf("%+v %v", res, err)
 			}
@@ -66,12 +68,13 @@ func BenchmarkDedupOverhead(b *testing.B) {
 		}
 	})
 	b.Run("process-batch-50", func(b *testing.B) {
+		run := randomName("")
 		const size = 50
 		start := time.Now()
 		for i := 0; i < b.N; i += size {
 			var batch []*dedup.Message
 			for j := i; j < min(i+size, b.N); j++ {
-				batch = append(batch, benchMsg(b, fmt.Sprintf("batch-%d-%d", b.N, j)))
+				batch = append(batch, benchMsg(b, fmt.Sprintf("batch-%s-%d", run, j)))
 			}
 			res, err := e.store.ProcessBatch(e.ctx, batch, handler)
 			if err != nil || res[len(res)-1].Outcome != dedup.OutcomeProcessed {
@@ -83,7 +86,8 @@ func BenchmarkDedupOverhead(b *testing.B) {
 		}
 	})
 	b.Run("process-duplicate", func(b *testing.B) {
-		m := benchMsg(b, fmt.Sprintf("dup-%d", b.N))
+		run := randomName("")
+		m := benchMsg(b, "dup-"+run)
 		if _, err := e.store.Process(e.ctx, m, handler); err != nil {
 			b.Fatal(err)
 		}

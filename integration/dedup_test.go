@@ -322,3 +322,42 @@ func TestS04ZombieConsumer(t *testing.T) {
 		t.Fatalf("record = %+v, want SUCCEEDED attempts 1 with no failure ever written", r)
 	}
 }
+
+// A handler that swallows a statement error (leaving the transaction
+// aborted) or whose writes break a deferred constraint at commit has failed:
+// the commit is refused, nothing is applied, and the failure is marked; it
+// is never retried forever as an infrastructure error nor acked.
+func TestCommitRefusedIsAHandlerFailure(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	tbl := e.table("ledger")
+	e.exec(`create table ` + tbl + ` (id text primary key, ref text, constraint ledger_ref_key unique (ref) deferrable initially deferred)`)
+	e.exec(`insert into ` + tbl + ` values ('seed', 'taken')`)
+	swallow := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		_, _ = tx.Exec(ctx, `insert into `+tbl+` values ('seed', 'x')`) // duplicate key, error ignored
+		return nil
+	}
+	deferred := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		_, err := tx.Exec(ctx, `insert into `+tbl+` values ($1, 'taken')`, m.Identity.MessageID) // fails only at commit
+		return err
+	}
+	for _, c := range []struct {
+		id string
+		h  dedup.Handler
+	}{{"m-swallow", swallow}, {"m-deferred", deferred}} {
+		res, err := e.store.Process(e.ctx, msg(t, "ledger", c.id, "", "x"), c.h)
+		if err != nil || res.Outcome != dedup.OutcomeRetry || !res.HandlerCalled || res.Attempts != 1 {
+			t.Fatalf("%s: %+v %v, want a retryable handler failure on attempt 1", c.id, res, err)
+		}
+		r := e.record("ledger", c.id)
+		if r.Status != dedup.StatusFailedRetryable || r.Attempts != 1 || !strings.Contains(r.LastError, "commit refused") {
+			t.Fatalf("%s record = %+v", c.id, r)
+		}
+	}
+	if r := e.record("ledger", "m-deferred"); r.LastErrorClass != "pg:23505:ledger_ref_key" {
+		t.Fatalf("deferred violation class = %q, want pg:23505:ledger_ref_key", r.LastErrorClass)
+	}
+	if n := e.count(`select count(*) from ` + tbl); n != 1 {
+		t.Fatalf("ledger rows = %d, want only the seed", n)
+	}
+}
