@@ -69,7 +69,7 @@ func (s *Store) lookup(ctx context.Context, col, scope, key string) (Record, err
 	var lastErr, lastClass *string
 	err := s.pool.QueryRow(ctx, `select scope, message_id, business_key, fingerprint, fingerprint_key_id, status,
   attempts, last_error, last_error_class, fence, source, reconsume_times, created_at, updated_at, expires_at
-from `+s.q.records+` where scope = $1 and `+pgx.Identifier{col}.Sanitize()+` = $2 and $2 <> ''`, scope, NormalizeKey(key)).
+from `+s.q.records+` where scope = $1 and `+pgx.Identifier{col}.Sanitize()+` = $2 and `+pgx.Identifier{col}.Sanitize()+` <> ''`, scope, NormalizeKey(key)).
 		Scan(&r.Scope, &r.MessageID, &r.BusinessKey, &r.Fingerprint, &r.FingerprintKeyID, &status, &r.Attempts,
 			&lastErr, &lastClass, &r.Fence, &r.Source, &r.ReconsumeTimes, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -35,9 +35,7 @@ returning id`
 	// business key. FOR UPDATE makes a second copy wait for the first.
 	q.lockSQL = `select id, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts
 from ` + q.records + `
-where scope = $1 and (message_id = $2 or ($3 <> '' and business_key = $3))
-order by (message_id = $2) desc
-limit 1
+where id = (` + q.matchSQL() + `)
 for update`
 	q.reclaimSQL = `update ` + q.records + `
 set status = 'PROCESSING', attempts = attempts + 1, source = $2, reconsume_times = $3, updated_at = now()
@@ -65,6 +63,19 @@ returning id`
 	return q
 }
 
+// matchSQL selects the id of the record holding (scope $1, message ID $2)
+// or, failing that, (scope $1, non-empty business key $3). It is a union of
+// two index lookups, so that even a generic plan of a prepared statement
+// (pgx caches statements; Postgres switches to generic plans) never scans the
+// table: an OR over the two keys would.
+func (q *queries) matchSQL() string {
+	return `select id from (
+    select id, 0 as pri from ` + q.records + ` where scope = $1 and message_id = $2
+    union all
+    select id, 1 from ` + q.records + ` where scope = $1 and business_key = $3 and business_key <> ''
+  ) m order by pri limit 1`
+}
+
 // leaseSQL builds lease mode's statements. Every deadline is computed from
 // the database's now(), never the application clock (S14).
 func (q *queries) leaseSQL() {
@@ -77,9 +88,7 @@ returning id`
 	q.leaseLockSQL = `select id, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts,
   coalesce(lease_until > now(), false)
 from ` + q.records + `
-where scope = $1 and (message_id = $2 or ($3 <> '' and business_key = $3))
-order by (message_id = $2) desc
-limit 1
+where id = (` + q.matchSQL() + `)
 for update`
 	q.leaseTakeSQL = `update ` + q.records + `
 set status = 'PROCESSING', attempts = attempts + 1, fence = fence + 1, owner_token = $2,
@@ -135,22 +144,37 @@ func (q *queries) insert(ctx context.Context, tx pgx.Tx, msg *Message, sum []byt
 // rolls back alone and its failure is marked in the same transaction.
 const handlerSavepoint = "idemq_handler"
 
-// claimInsert is insert of a new record (status PROCESSING, or SUCCEEDED with
-// its expiry when the caller commits only if the handler succeeds) pipelined
-// with the handler's savepoint in one round trip. It returns the new row's
-// id, or 0 when a unique key already exists (the savepoint is then set again
-// after the existing record is reclaimed).
-func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, status Status, expirySecs *float64) (int64, error) {
+// claimInsert inserts a new record (status PROCESSING, or SUCCEEDED with its
+// expiry when the caller commits only if the handler succeeds), and, in the
+// same round trip, locks the record that already holds either unique key
+// (when the insert did nothing) and sets the handler's savepoint. It returns
+// the new row's id, or 0 and the locked existing record (nil when it vanished
+// in between). A reclaim sets the savepoint again after its update.
+func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, status Status, expirySecs *float64) (int64, *record, error) {
 	id := msg.Identity
 	b := &pgx.Batch{}
 	b.Queue(q.insertSQL, id.Scope, id.MessageID, id.BusinessKey, sum, keyID, string(status), 1,
 		"", "", clip(msg.Source, 1024), msg.ReconsumeTimes, expirySecs)
+	b.Queue(q.lockSQL, id.Scope, id.MessageID, id.BusinessKey)
 	b.Queue("savepoint " + handlerSavepoint)
 	br := tx.SendBatch(ctx, b)
 	var rowID int64
 	err := br.QueryRow().Scan(&rowID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = nil
+	}
+	var rec *record
+	if err == nil {
+		var r record
+		var st string
+		err = br.QueryRow().Scan(&r.id, &r.messageID, &r.businessKey, &r.fingerprint, &r.keyID, &st, &r.attempts)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			err = nil
+		case err == nil && rowID == 0:
+			r.status = Status(st)
+			rec = &r
+		}
 	}
 	if err == nil {
 		_, err = br.Exec()
@@ -159,9 +183,9 @@ func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, msg *Message, sum 
 		err = cerr
 	}
 	if err != nil {
-		return 0, fmt.Errorf("idemq: claim %s: %w", id, err)
+		return 0, nil, fmt.Errorf("idemq: claim %s: %w", id, err)
 	}
-	return rowID, nil
+	return rowID, rec, nil
 }
 
 func (q *queries) lock(ctx context.Context, tx pgx.Tx, id Identity) (*record, error) {

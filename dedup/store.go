@@ -248,13 +248,9 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, 
 		status, expiry = StatusSucceeded, s.expiry(StatusSucceeded)
 	}
 	for try := 0; try < 3; try++ {
-		rowID, err := s.q.claimInsert(ctx, tx, msg, sum, keyID, status, expiry)
-		if err != nil || rowID != 0 {
-			return rowID, nil, err
-		}
-		rec, err := s.q.lock(ctx, tx, msg.Identity)
-		if err != nil || rec != nil {
-			return 0, rec, err
+		rowID, rec, err := s.q.claimInsert(ctx, tx, msg, sum, keyID, status, expiry)
+		if err != nil || rowID != 0 || rec != nil {
+			return rowID, rec, err
 		}
 		// The conflicting record vanished between the two statements (purged):
 		// claim again.
