@@ -1,40 +1,18 @@
 package main
 
 import (
-	"context"
 	"flag"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/idemq/idemq/internal/devenv"
 )
 
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: order-pipeline demo | confirm | relay | ship [flags]")
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	var err error
-	switch os.Args[1] {
-	case "demo":
-		err = runDemo(ctx, os.Args[2:])
-	case "confirm":
-		err = runConfirm(ctx, os.Args[2:])
-	case "relay":
-		err = runRelay(ctx, os.Args[2:])
-	case "ship":
-		err = runShip(ctx, os.Args[2:])
-	default:
-		err = fmt.Errorf("unknown command %q", os.Args[1])
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "order-pipeline:", err)
-		os.Exit(1)
-	}
+	devenv.Main("order-pipeline", "order-pipeline demo | confirm | relay | ship [flags]", map[string]devenv.Command{
+		"demo":    runDemo,
+		"confirm": runConfirm,
+		"relay":   runRelay,
+		"ship":    runShip,
+	})
 }
 
 // common are the flags every subcommand takes.

@@ -1,36 +1,16 @@
 package main
 
 import (
-	"context"
 	"flag"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/idemq/idemq/internal/devenv"
 )
 
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: payments demo | payments consume [flags]")
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	var err error
-	switch os.Args[1] {
-	case "demo":
-		err = runDemo(ctx, os.Args[2:])
-	case "consume":
-		err = runConsume(ctx, os.Args[2:])
-	default:
-		err = fmt.Errorf("unknown command %q", os.Args[1])
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "payments:", err)
-		os.Exit(1)
-	}
+	devenv.Main("payments", "payments demo | payments consume [flags]", map[string]devenv.Command{
+		"demo":    runDemo,
+		"consume": runConsume,
+	})
 }
 
 // endpoints are the service addresses shared by every subcommand.

@@ -1,8 +1,14 @@
 package devenv
 
 import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 )
 
 // Defaults of the local services started by scripts/services.sh.
@@ -43,4 +49,30 @@ func Split(list string) []string {
 		}
 	}
 	return out
+}
+
+// Command is one subcommand of a program: it gets the arguments after its
+// name and a context canceled on SIGINT or SIGTERM.
+type Command func(ctx context.Context, args []string) error
+
+// Main runs the subcommand named by os.Args[1] from cmds with a context
+// canceled on SIGINT/SIGTERM. It prints usage and exits 2 when the name is
+// missing or unknown, exits 0 after -h, and prints "prog: error" and exits 1
+// when the command fails.
+func Main(prog, usage string, cmds map[string]Command) {
+	if len(os.Args) < 2 || cmds[os.Args[1]] == nil {
+		if len(os.Args) >= 2 && (os.Args[1] == "-h" || os.Args[1] == "-help" || os.Args[1] == "--help" || os.Args[1] == "help") {
+			fmt.Fprintln(os.Stderr, "usage:", usage)
+			return
+		}
+		fmt.Fprintln(os.Stderr, "usage:", usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := cmds[os.Args[1]](ctx, os.Args[2:])
+	stop()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", prog, err)
+		os.Exit(1)
+	}
 }
