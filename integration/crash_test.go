@@ -301,3 +301,62 @@ func TestKafkaCrashMidStreamNoDoubleEffectNothingLost(t *testing.T) {
 		t.Fatalf("SUCCEEDED records with attempts 1 = %d, want %d", c, len(want))
 	}
 }
+
+// Two consumer processes share a group over 3 partitions; one is SIGKILLed
+// mid-stream, so the group rebalances and the survivor takes over its
+// partitions from their last committed offsets (replaying what the dead one
+// had committed in Postgres but not acked). Every payment is applied once,
+// none is lost.
+func TestKafkaRebalanceAfterKillExactlyOnce(t *testing.T) {
+	t.Parallel()
+	bin := buildExample(t, "github.com/idemq/idemq/examples/payments")
+	e := setup(t, nil)
+	topic, group := newTopic(t, 3), randomName("g-")
+	var ps []payment
+	var ids []string
+	want := map[string]int64{}
+	for i := range 300 {
+		p := payment{PaymentID: fmt.Sprintf("p-%03d", i), Account: fmt.Sprintf("acct-%d", i%7), Amount: int64(100 + i)}
+		want[p.PaymentID] = p.Amount
+		ps, ids = append(ps, p), append(ids, fmt.Sprintf("m-%03d", i))
+		if i%5 == 0 { // an application re-send: new message ID, same payment
+			ps, ids = append(ps, p), append(ids, fmt.Sprintf("m-%03d-resend", i))
+		}
+	}
+	producePayments(t, topic, ps, ids)
+
+	victim := startPayments(t, bin, topic, group, e.schema, 60)
+	survivor := startPayments(t, bin, topic, group, e.schema, 0)
+	victim.waitKilled(t)
+	waitCaughtUp(t, group, topic)
+	survivor.stop(t)
+
+	got := map[string]int{}
+	rows, err := e.pool.Query(e.ctx, `select payment_id from `+e.table("payments"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		got[id]++
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	for id := range want {
+		if got[id] != 1 {
+			t.Fatalf("payment %s applied %d times, want 1", id, got[id])
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d distinct payments applied, want %d", len(got), len(want))
+	}
+	ev := survivor.eventCounts(t)
+	if ev["duplicate:business_key"] == 0 && victim.eventCounts(t)["duplicate:business_key"] == 0 {
+		t.Fatal("no re-send was caught by business key")
+	}
+	t.Logf("victim: %v; survivor: %v", victim.eventCounts(t), ev)
+}

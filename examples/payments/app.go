@@ -101,14 +101,27 @@ func (r *recorder) Delivery(_ string, o dedup.Outcome, by dedup.MatchedBy) {
 // createSchema creates the demo's business tables in schema.
 func createSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	s := pgx.Identifier{schema}.Sanitize()
-	_, err := pool.Exec(ctx, `create schema if not exists `+s+`;
+	// Consumer processes start together: DDL under an advisory lock, or two
+	// "create table if not exists" race in the catalog.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(hashtext('idemq-payments-example'))`); err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `create schema if not exists `+s+`;
 create table if not exists `+s+`.accounts (account text primary key, balance bigint not null);
 create table if not exists `+s+`.payments (payment_id text primary key, account text not null, amount bigint not null,
   message_id text not null, applied_at timestamptz not null default now());
 create table if not exists `+s+`.naive_accounts (account text primary key, balance bigint not null);
 create table if not exists `+s+`.naive_payments (payment_id text not null, account text not null, amount bigint not null,
   applied_at timestamptz not null default now())`)
-	return err
+	if err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // paymentKey is the business-key extractor: the payment ID in the payload.
