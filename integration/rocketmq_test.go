@@ -843,11 +843,24 @@ func TestRocketMQProducerResendIsDuplicate(t *testing.T) {
 // group.
 func TestRocketMQS09KillAfterCommitBeforeAck(t *testing.T) {
 	t.Parallel()
+	for _, variant := range []string{"postgres-only", "redis-kept", "redis-flushed"} {
+		t.Run(variant, func(t *testing.T) {
+			t.Parallel()
+			testRocketMQS09(t, variant)
+		})
+	}
+}
+
+func testRocketMQS09(t *testing.T, variant string) {
 	e := setup(t, nil)
 	bin := rmqBuildOrders(t)
 	group := randomName("it-s09-")
 	topic := rmqTopic(t, "it-s09-", group)
 	args := []string{"-topic", topic, "-group", group, "-schema", e.schema, "-max-attempts", "5"}
+	prefix := randomName("rs09-")
+	if variant != "postgres-only" {
+		args = append(args, "-redis", redisAddress(t), "-redis-prefix", prefix)
+	}
 	p1 := rmqStartOrders(t, bin, "consumer-1", append(args, "-stall-order", "p-300")...)
 	rmqSend(t, rmqProducer(t), topic, rmqOrderBody("p-300", 300), "m-300", "p-300")
 	// The process answers nothing once the outcome of p-300 is durable.
@@ -863,6 +876,16 @@ func TestRocketMQS09KillAfterCommitBeforeAck(t *testing.T) {
 		t.Fatalf("handler runs before the kill = %d", n)
 	}
 
+	if variant == "redis-flushed" {
+		rc := redisClient(t)
+		keys, err := rc.Keys(e.ctx, prefix+":*").Result()
+		if err != nil || len(keys) == 0 {
+			t.Fatalf("fast-path keys before the flush: %v %v", keys, err)
+		}
+		if err := rc.Del(e.ctx, keys...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	p2 := rmqStartOrders(t, bin, "consumer-2", args...)
 	p2.waitFor(60*time.Second, "the redelivery of m-300", func(ev rmqOrdersEvent) bool { return ev.Ev == "result" && ev.MessageID == "m-300" }, 1)
 	time.Sleep(time.Second)

@@ -12,6 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemq/idemq/dedup/redisfast"
+	"github.com/redis/go-redis/v9"
+
 	rmqconsumer "github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/idemq/idemq/broker/rocketmqadapter"
@@ -32,6 +35,8 @@ type consumeFlags struct {
 	handlerDelay time.Duration
 	goroutines   int
 	batch        int
+	redisAddr    string
+	redisPrefix  string
 }
 
 func (f *consumeFlags) register(fs *flag.FlagSet) {
@@ -45,6 +50,8 @@ func (f *consumeFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.handlerDelay, "handler-delay", 0, "extra time each handler run takes")
 	fs.IntVar(&f.goroutines, "goroutines", 20, "listener goroutines (ConsumeGoroutineNums)")
 	fs.IntVar(&f.batch, "batch", 1, "messages per listener call (ConsumeMessageBatchMaxSize)")
+	fs.StringVar(&f.redisAddr, "redis", "", "Redis address for the dedup fast path (empty: Postgres only)")
+	fs.StringVar(&f.redisPrefix, "redis-prefix", "idemq", "key prefix of the fast path")
 }
 
 // runConsume runs one consumer process until SIGINT/SIGTERM (or SIGKILL).
@@ -87,7 +94,15 @@ func runConsume(args []string) error {
 	if err != nil {
 		return err
 	}
-	store, err := dedup.NewStore(pool, dedup.Config{Schema: f.schema, Fingerprinter: fp, MaxAttempts: f.maxAttempts})
+	cfg := dedup.Config{Schema: f.schema, Fingerprinter: fp, MaxAttempts: f.maxAttempts}
+	if f.redisAddr != "" {
+		rc := redis.NewClient(&redis.Options{Addr: f.redisAddr})
+		defer rc.Close()
+		if cfg.FastPath, err = redisfast.New(redisfast.Config{Client: rc, Prefix: f.redisPrefix}); err != nil {
+			return err
+		}
+	}
+	store, err := dedup.NewStore(pool, cfg)
 	if err != nil {
 		return err
 	}
