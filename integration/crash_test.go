@@ -192,14 +192,7 @@ func TestS09KafkaCrashAfterCommitBeforeAck(t *testing.T) {
 				t.Fatalf("group lag after the crash = %d, want 1 (offset not committed)", lag)
 			}
 			if variant == "redis-flushed" {
-				rc := redisClient(t)
-				keys, err := rc.Keys(e.ctx, prefix+":*").Result()
-				if err != nil || len(keys) == 0 {
-					t.Fatalf("fast-path keys before the flush: %v %v", keys, err)
-				}
-				if err := rc.Del(e.ctx, keys...).Err(); err != nil {
-					t.Fatal(err)
-				}
+				flushFastPath(t, prefix)
 			}
 
 			second := startPayments(t, bin, topic, group, e.schema, 0, extra...)

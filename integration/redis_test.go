@@ -197,3 +197,18 @@ func TestS12NoRedisMarkerBeforeCommit(t *testing.T) {
 		t.Fatalf("record = %+v", r)
 	}
 }
+
+// flushFastPath deletes every fast-path key under prefix (as a Redis
+// failover or FLUSHALL would), failing when there was none to delete.
+func flushFastPath(t testing.TB, prefix string) {
+	t.Helper()
+	rc := redisClient(t)
+	ctx := context.Background()
+	keys, err := rc.Keys(ctx, prefix+":*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("fast-path keys before the flush: %v %v", keys, err)
+	}
+	if err := rc.Del(ctx, keys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -877,14 +877,7 @@ func testRocketMQS09(t *testing.T, variant string) {
 	}
 
 	if variant == "redis-flushed" {
-		rc := redisClient(t)
-		keys, err := rc.Keys(e.ctx, prefix+":*").Result()
-		if err != nil || len(keys) == 0 {
-			t.Fatalf("fast-path keys before the flush: %v %v", keys, err)
-		}
-		if err := rc.Del(e.ctx, keys...).Err(); err != nil {
-			t.Fatal(err)
-		}
+		flushFastPath(t, prefix)
 	}
 	p2 := rmqStartOrders(t, bin, "consumer-2", args...)
 	p2.waitFor(60*time.Second, "the redelivery of m-300", func(ev rmqOrdersEvent) bool { return ev.Ev == "result" && ev.MessageID == "m-300" }, 1)
