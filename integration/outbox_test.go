@@ -816,3 +816,64 @@ func TestRelayDeepBlockedKeyDoesNotStarveOthers(t *testing.T) {
 		}
 	}
 }
+
+// Two transactions add rows of one key: the second waits for the first to
+// end, so the relay publishes the key in commit order and never sees the
+// later row while the earlier one is in flight.
+func TestOutboxConcurrentWritersOfOneKeyTakeTurns(t *testing.T) {
+	t.Parallel()
+	o := setupOutbox(t)
+	t1, err := o.pool.Begin(o.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = t1.Rollback(o.ctx) }()
+	if _, err := o.ob.Add(o.ctx, t1, outbox.Message{Topic: "t", Key: []byte("K"), Payload: []byte("first")}); err != nil {
+		t.Fatal(err)
+	}
+	added := make(chan error, 1)
+	go func() {
+		t2, err := o.pool.Begin(o.ctx)
+		if err == nil {
+			if _, err = o.ob.Add(o.ctx, t2, outbox.Message{Topic: "t", Key: []byte("K"), Payload: []byte("second")}); err == nil {
+				err = t2.Commit(o.ctx)
+			}
+		}
+		added <- err
+	}()
+	select {
+	case err := <-added:
+		t.Fatalf("the second writer of key K did not wait for the first (err %v)", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	// Meanwhile a relay sees nothing of K: the first row is uncommitted and
+	// the second is not written yet.
+	var got []string
+	pub := outbox.PublisherFunc(func(_ context.Context, batch []outbox.Envelope) error {
+		for _, e := range batch {
+			got = append(got, string(e.Payload))
+		}
+		return nil
+	})
+	r, err := outbox.NewRelay(o.ob, pub, fastRelay("turns"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RunOnce(o.ctx); err != nil || len(got) != 0 {
+		t.Fatalf("relay published %v while the first writer was in flight (%v)", got, err)
+	}
+	if err := t1.Commit(o.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-added; err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := r.RunOnce(o.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if strings.Join(got, ",") != "first,second" {
+		t.Fatalf("published %v, want first,second (commit order)", got)
+	}
+}

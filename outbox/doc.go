@@ -67,10 +67,14 @@
 // earlier ones are stored; any other Publisher gets rounds of at most one row
 // per key, a key's next row only after the previous one was acknowledged.
 // With republishes, consumers see the first copy of every row in order. Rows
-// without a key have no order. Rows of one key written by two concurrent
-// transactions are ordered by seq, which is assigned at insert, not at
-// commit: keep one writer per key at a time (an idemq consumer does: one
-// partition, one message at a time).
+// without a key have no order. Two transactions writing rows of one key are
+// serialized: Add takes a transaction-level advisory lock per (topic, key),
+// held until commit or rollback, so the second writer inserts (and gets its
+// seq) only after the first has finished, and seq order is commit order. A
+// transaction that adds rows of several keys in separate Add calls, in an
+// order another transaction reverses, can deadlock; Postgres then aborts one
+// of them (a retryable handler failure). Add many keys in one AddBatch, which
+// locks them in sorted order.
 //
 // # Failures
 //

@@ -27,9 +27,11 @@ type Message struct {
 	// 1 to 249 bytes of UTF-8 without NUL.
 	Topic string
 	// Key is the record key (Kafka) or Keys (RocketMQ). Rows with the same
-	// Topic and Key are published in the order of their insertion, one key
-	// never overtaking itself. Nil or empty means no key: such rows are
-	// published in any order. At most 16 KiB.
+	// Topic and Key are published in commit order, one key never overtaking
+	// itself: Add holds a transaction-level lock on the key until the
+	// transaction ends, so concurrent writers of one key take turns. Nil or
+	// empty means no key: such rows are published in any order and take no
+	// lock. At most 16 KiB.
 	Key []byte
 	// Headers become Kafka headers or RocketMQ user properties. Names must be
 	// non-empty, and neither names nor values may hold NUL (Postgres jsonb
@@ -231,6 +233,15 @@ func (o *Outbox) AddBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]uui
 		payloads[i] = m.Payload
 		causes[i] = m.CausationID
 		delays[i] = m.Delay.Seconds()
+	}
+	for _, k := range keys {
+		if k != nil {
+			var locked int
+			if err := tx.QueryRow(ctx, o.q.lockKeysSQL, topics, keys, o.q.table).Scan(&locked); err != nil {
+				return nil, fmt.Errorf("idemq/outbox: lock keys: %w", err)
+			}
+			break
+		}
 	}
 	var inserted int
 	var notified bool

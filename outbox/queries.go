@@ -7,7 +7,7 @@ type queries struct {
 	table   string // quoted, schema-qualified
 	channel string // NOTIFY channel (a string argument, never spliced)
 
-	insertSQL, keysSQL, headsSQL, followersSQL, publishedSQL, failedSQL, purgeSQL string
+	insertSQL, lockKeysSQL, keysSQL, headsSQL, followersSQL, publishedSQL, failedSQL, purgeSQL string
 	listenSQL                                                                     string
 }
 
@@ -30,6 +30,18 @@ func newQueries(cfg Config) queries {
   returning 1
 )
 select count(*)::int, ` + notify + ` from ins`
+
+	// Key locks: a transaction adding rows of a key holds a transaction-level
+	// advisory lock on (table, topic, key) until it ends, so a second writer
+	// of that key inserts (and takes its seq) only after the first commits:
+	// per-key seq order is commit order, and no relay ever sees a later row
+	// of a key committed while an earlier one is still in flight. Locks are
+	// taken in sorted order within one call.
+	q.lockKeysSQL = `select count(pg_advisory_xact_lock(l))::int from (
+  select distinct hashtextextended($3 || E'\n' || u.t || E'\n' || encode(u.k, 'base64'), 0) as l
+  from unnest($1::text[], $2::bytea[]) as u(t, k)
+  where u.k is not null
+  order by 1) s`
 
 	// Keys: a walk over the keys with unpublished rows in (topic, key)
 	// order, from a cursor, one index descent per key ("loose index scan"):
