@@ -1,12 +1,18 @@
 package consumer
 
 import (
+	"strings"
+
 	"context"
 	"errors"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // fakeSource records commits; fail makes the next n commits fail.
@@ -116,5 +122,39 @@ func TestCounters(t *testing.T) {
 	c.Delivery("s", "processed", "")
 	if c.Get("duplicate") != 1 || c.Get("duplicate:business_key") != 1 || c.Get("processed") != 1 || len(c.Snapshot()) != 3 {
 		t.Fatalf("counters = %v", c.Snapshot())
+	}
+}
+
+// errSource fails its first Fetch.
+type errSource struct {
+	fakeSource
+	closed bool
+}
+
+func (e *errSource) Fetch(context.Context) (Delivery, error) {
+	return Delivery{}, errors.New("broker gone")
+}
+func (e *errSource) Close() error { e.closed = true; return nil }
+
+func TestRunReturnsFetchErrorAndCloses(t *testing.T) {
+	fp, _ := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "k", Secret: []byte("0123456789abcdef")})
+	st, err := dedup.NewStore(&pgxpool.Pool{}, dedup.Config{Fingerprinter: fp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{Scope: "s", Store: st, Handler: func(context.Context, pgx.Tx, *dedup.Message) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &errSource{}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(context.Background(), src) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "broker gone") || !src.closed {
+			t.Fatalf("Run = %v, closed %v; want the fetch error and a closed source", err, src.closed)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after a fetch error")
 	}
 }

@@ -17,11 +17,15 @@ import (
 // (returning an error wrapping dedup.ErrRetentionTooShort) if the store's
 // SucceededRetention is shorter than the broker's redelivery horizon; the
 // source is then closed.
-func (c *Consumer) Run(ctx context.Context, src Source) error {
-	if err := c.checkHorizon(ctx, src); err != nil {
+func (c *Consumer) Run(parent context.Context, src Source) error {
+	if err := c.checkHorizon(parent, src); err != nil {
 		_ = src.Close()
 		return err
 	}
+	// ctx ends with parent, or when fetching fails: either way the lanes
+	// stop and the shutdown grace starts.
+	ctx, cancelRun := context.WithCancel(parent)
+	defer cancelRun()
 	// work outlives ctx by ShutdownGrace so in-flight handlers can finish.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
@@ -43,6 +47,7 @@ func (c *Consumer) Run(ctx context.Context, src Source) error {
 		if err != nil {
 			if ctx.Err() == nil {
 				fetchErr = fmt.Errorf("idemq/consumer: fetch: %w", err)
+				cancelRun()
 			}
 			break
 		}

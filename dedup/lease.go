@@ -48,8 +48,9 @@ func LeaseFromContext(ctx context.Context) (Lease, bool) {
 }
 
 // LeaseHandler is a lease-mode handler. It runs outside any transaction;
-// ctx carries its Lease and is canceled (cause ErrFenced) if a heartbeat
-// finds the lease lost. Return values mean what they mean for Handler.
+// ctx carries its Lease and is canceled with cause ErrFenced when a heartbeat
+// finds the lease taken over, or ErrLeaseExpired when it could not be renewed
+// for 90% of the TTL. Return values mean what they mean for Handler.
 type LeaseHandler func(ctx context.Context, msg *Message) error
 
 // LeaseOptions configure lease mode.
@@ -92,6 +93,13 @@ func (o LeaseOptions) ValidateUnder(brokerTimer time.Duration) error {
 // completion or failure mark finds the record taken over by another owner.
 // The delivery must not be acked.
 var ErrFenced = errors.New("idemq: fenced: the lease was taken over by another owner")
+
+// ErrLeaseExpired is the cause with which a lease-mode handler's context is
+// canceled when its lease could not be renewed for about a TTL (the database
+// unreachable): another copy may take over at any moment, so a handler that
+// honours ctx stops its side effect. Its completion is still checked against
+// the owner token and fence.
+var ErrLeaseExpired = errors.New("idemq: lease expired without renewal")
 
 // ErrLeaseHeld is Result.Err of OutcomeRetry when another owner holds a live
 // lease on the record.
@@ -146,7 +154,12 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler,
 		return res, err
 	}
 	if ctx.Err() != nil {
-		herr = fmt.Errorf("interrupted by shutdown: %w", errors.Join(ctx.Err(), herr))
+		// A shutdown is not the message's fault: give the lease back without
+		// counting the attempt, and do not ack.
+		if _, rerr := s.pool.Exec(context.WithoutCancel(ctx), s.q.leaseReleaseSQL, rowID, lease.OwnerToken, lease.Fence); rerr != nil {
+			s.cfg.Logger.Warn("idemq: release lease", "identity", lease.Identity.String(), "err", rerr)
+		}
+		return Result{}, fmt.Errorf("idemq: handler interrupted: %w", errors.Join(ctx.Err(), herr))
 	}
 	return s.failLease(ctx, msg, sum, rowID, lease, herr, res)
 }
@@ -207,27 +220,38 @@ func (s *Store) claimLease(ctx context.Context, msg *Message, sum []byte, keyID 
 	return lease, rowID, Result{}, commit(ctx, tx)
 }
 
-// heartbeat extends the lease every opt.Heartbeat until stop; when the lease
-// is found lost it cancels the handler's context with ErrFenced.
+// heartbeat extends the lease every opt.Heartbeat until stop. When the lease
+// is found taken over it cancels the handler's context with ErrFenced; when
+// no extension succeeded for 90% of the TTL (heartbeats failing, or disabled)
+// it cancels it with ErrLeaseExpired.
 func (s *Store) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, rowID int64, l Lease, opt LeaseOptions, stop <-chan struct{}) {
-	if opt.Heartbeat < 0 {
-		<-stop
-		return
+	safe := opt.TTL * 9 / 10
+	expire := time.NewTimer(safe)
+	defer expire.Stop()
+	var beat <-chan time.Time
+	if opt.Heartbeat > 0 {
+		t := time.NewTicker(opt.Heartbeat)
+		defer t.Stop()
+		beat = t.C
 	}
-	t := time.NewTicker(opt.Heartbeat)
-	defer t.Stop()
 	for {
 		select {
 		case <-stop:
 			return
-		case <-t.C:
+		case <-expire.C:
+			cancel(ErrLeaseExpired)
+			return
+		case <-beat:
 		}
+		sent := time.Now()
 		tag, err := s.pool.Exec(ctx, s.q.leaseBeatSQL, rowID, l.OwnerToken, l.Fence, opt.TTL.Seconds())
-		if err == nil && tag.RowsAffected() == 0 {
+		switch {
+		case err == nil && tag.RowsAffected() == 0:
 			cancel(ErrFenced)
 			return
-		}
-		if err != nil {
+		case err == nil:
+			expire.Reset(safe - time.Since(sent))
+		default:
 			s.cfg.Logger.Warn("idemq: lease heartbeat failed", "identity", l.Identity.String(), "err", err)
 		}
 	}

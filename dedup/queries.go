@@ -14,7 +14,7 @@ type queries struct {
 
 	insertSQL, lockSQL, reclaimSQL, succeededSQL, failedSQL, deadLetterSQL string
 
-	leaseInsertSQL, leaseLockSQL, leaseTakeSQL, leaseBeatSQL, leaseDoneSQL, leaseFailSQL string
+	leaseInsertSQL, leaseLockSQL, leaseTakeSQL, leaseBeatSQL, leaseDoneSQL, leaseFailSQL, leaseReleaseSQL string
 }
 
 func newQueries(cfg Config) queries {
@@ -101,6 +101,12 @@ where id = $1 and owner_token = $2 and fence = $3 and status = 'PROCESSING'`
 	q.leaseDoneSQL = `update ` + q.records + `
 set status = 'SUCCEEDED', owner_token = null, lease_until = null, updated_at = now(),
     expires_at = now() + make_interval(secs => $4::float8)
+where id = $1 and owner_token = $2 and fence = $3 and status = 'PROCESSING'`
+	// Release gives a lease back after a shutdown interrupted its handler:
+	// the attempt is not counted, the next copy runs the handler.
+	q.leaseReleaseSQL = `update ` + q.records + `
+set status = 'FAILED_RETRYABLE', attempts = greatest(attempts - 1, 0), owner_token = null, lease_until = null,
+    updated_at = now()
 where id = $1 and owner_token = $2 and fence = $3 and status = 'PROCESSING'`
 	q.leaseFailSQL = `update ` + q.records + `
 set status = $4, last_error = $5, last_error_class = $6, owner_token = null, lease_until = null, updated_at = now(),

@@ -135,6 +135,40 @@ func TestLeaseHeartbeatAndFailure(t *testing.T) {
 	if r := e.record("billing", "m-bad"); r.Status != dedup.StatusFailedFinal || r.Attempts != 1 || r.LastErrorClass != "permanent:error" {
 		t.Fatalf("record = %+v", r)
 	}
+	// A lease that cannot be renewed (heartbeats off here; the database
+	// unreachable in life) cancels the handler's context before it lapses.
+	start := time.Now()
+	var cause error
+	res, err = e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-expire", "", "x"), func(ctx context.Context, m *dedup.Message) error {
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+			return ctx.Err()
+		case <-time.After(5 * time.Second):
+			return errors.New("handler context never canceled")
+		}
+	}, dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1})
+	if err != nil || !errors.Is(cause, dedup.ErrLeaseExpired) || time.Since(start) > 3*time.Second || res.Outcome != dedup.OutcomeRetry {
+		t.Fatalf("unrenewed lease: %+v %v, cause %v after %s; want the handler stopped with ErrLeaseExpired", res, err, cause, time.Since(start))
+	}
+	// A shutdown that interrupts the handler gives the lease back without
+	// counting the attempt, and reports an error (not acked).
+	sctx, cancel := context.WithCancel(e.ctx)
+	res, err = e.store.ProcessLeased(sctx, msg(t, "billing", "m-shutdown", "", "x"), func(ctx context.Context, m *dedup.Message) error {
+		cancel()
+		<-ctx.Done()
+		return ctx.Err()
+	}, dedup.LeaseOptions{TTL: time.Minute})
+	if err == nil || res.Outcome.Acked() && res.Outcome != "" {
+		t.Fatalf("interrupted lease: %+v %v, want an error", res, err)
+	}
+	if r := e.record("billing", "m-shutdown"); r.Status != dedup.StatusFailedRetryable || r.Attempts != 0 {
+		t.Fatalf("after shutdown: %+v, want FAILED_RETRYABLE with the attempt not counted", r)
+	}
+	res, err = e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-shutdown", "", "x"), func(context.Context, *dedup.Message) error { return nil }, dedup.LeaseOptions{TTL: time.Minute})
+	if err != nil || res.Outcome != dedup.OutcomeProcessed || res.Attempts != 1 {
+		t.Fatalf("redelivery after shutdown: %+v %v, want processed on attempt 1", res, err)
+	}
 	if err := (dedup.LeaseOptions{TTL: 20 * time.Minute}).ValidateUnder(15 * time.Minute); !errors.Is(err, dedup.ErrInvalidConfig) {
 		t.Fatalf("lease TTL above RocketMQ's ConsumeTimeout accepted: %v", err)
 	}
