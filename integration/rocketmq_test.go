@@ -1021,3 +1021,35 @@ func TestRocketMQTwoProcessesKillMidRun(t *testing.T) {
 	t.Logf("%d deliveries for %d messages; duplicates skipped %v; handler runs %s %d, %s %d",
 		results, len(stream), dupBy, victim.name, handled(victim), survivor.name, handled(survivor))
 }
+
+// The broker's last copy (ReconsumeTimes = MaxReconsumeTimes) is never sent
+// back to the broker, which would move it to %DLQ% out of Postgres' view: it
+// is retried in place until its outcome is durable.
+func TestRocketMQLastCopyRetriedInPlace(t *testing.T) {
+	t.Parallel()
+	e := setup(t, func(c *dedup.Config) { c.MaxAttempts = 4 })
+	tbl := e.paymentsTable()
+	var calls atomic.Int64
+	h := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		if calls.Add(1) <= 2 {
+			return errors.New("downstream busy")
+		}
+		_, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ($1, 1)`, m.Identity.MessageID)
+		return err
+	}
+	l, err := rocketmqadapter.NewListener(rocketmqadapter.Config{
+		Consumer:          consumer.Config{Scope: "ledger", Store: e.store, Handler: h, RetryInitial: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond},
+		MaxReconsumeTimes: 3,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := rmqExt("ledger", "U9", "O9", "", primitive.MessageQueue{Topic: "%RETRY%ledger", BrokerName: "broker-a"}, 3, 3, "x")
+	r, err := l.Consume(context.Background(), last)
+	if err != nil || r != rmqconsumer.ConsumeSuccess {
+		t.Fatalf("last copy answered %v (%v), want ConsumeSuccess after in-place retries", r, err)
+	}
+	if rec := e.record("ledger", "U9"); rec.Status != dedup.StatusSucceeded || rec.Attempts != 3 || calls.Load() != 3 {
+		t.Fatalf("record %+v, calls %d; want SUCCEEDED after 3 attempts", rec, calls.Load())
+	}
+}

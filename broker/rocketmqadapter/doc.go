@@ -66,7 +66,11 @@
 // The broker must allow at least MaxAttempts deliveries:
 // Config.MaxReconsumeTimes must be at least dedup MaxAttempts-1 (checked by
 // NewListener). Leave headroom: a delivery that met a database outage also
-// uses one reconsume.
+// uses one reconsume. The broker's last copy (ReconsumeTimes >=
+// MaxReconsumeTimes) is never sent back: answering ConsumeRetryLater would
+// move it to %DLQ%<group> out of Postgres' view, so the listener retries it
+// in place (consumer.Config RetryInitial/RetryMax backoff) until its outcome
+// is durable — at worst FAILED_FINAL with a dead letter after MaxAttempts.
 //
 // # Batches
 //

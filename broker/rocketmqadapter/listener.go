@@ -41,10 +41,12 @@ type Config struct {
 	// (Store and one handler are required); Scope defaults to Group. A lease
 	// TTL must be shorter than ConsumeTimeout. ShutdownGrace (default 10s) bounds how long
 	// PushConsumer.Shutdown waits for in-flight handlers; Metrics and Logger
-	// are used as given. The pull-mode fields (RetryInitial, RetryMax,
-	// CommitEvery, CommitInterval, LaneBuffer, BatchWait) are ignored and
-	// BatchSize must stay 1 (use BatchMaxSize): RocketMQ retries through its
-	// %RETRY% topic.
+	// are used as given. RocketMQ retries through its %RETRY% topic, except
+	// for the broker's last copy (ReconsumeTimes >= MaxReconsumeTimes), which
+	// is retried in place with RetryInitial/RetryMax backoff so it never
+	// reaches %DLQ% before its outcome is durable. The other pull-mode fields
+	// (CommitEvery, CommitInterval, LaneBuffer, BatchWait) are ignored and
+	// BatchSize must stay 1 (use BatchMaxSize).
 	Consumer consumer.Config
 
 	// NameServers are the NameServer addresses ("127.0.0.1:9876"), resolved
@@ -284,7 +286,13 @@ func (l *Listener) Consume(ctx context.Context, msgs ...*primitive.MessageExt) (
 			continue
 		}
 		d := toDelivery(m, mq, l.cfg.MessageIDProperty)
-		res, err := l.handle(d)
+		// The broker's last copy: answering ConsumeRetryLater would move it
+		// to %DLQ%, out of Postgres' view, while its attempts may not even
+		// be recorded (database down, lease held). Retry it in place
+		// instead, until its outcome is durable (at worst FAILED_FINAL with
+		// a dead letter after MaxAttempts) or the listener is aborted.
+		last := m.ReconsumeTimes >= l.cfg.MaxReconsumeTimes
+		res, err := l.handle(d, last)
 		if l.cfg.Observe != nil {
 			l.cfg.Observe(d, res, err)
 		}
@@ -299,8 +307,8 @@ func (l *Listener) Consume(ctx context.Context, msgs ...*primitive.MessageExt) (
 }
 
 // handle runs one delivery, one copy per message ID at a time in this
-// process.
-func (l *Listener) handle(d consumer.Delivery) (dedup.Result, error) {
+// process; inPlace retries it with backoff until it may be acked.
+func (l *Listener) handle(d consumer.Delivery, inPlace bool) (dedup.Result, error) {
 	key := d.MessageID
 	if key == "" {
 		key = d.Position
@@ -310,6 +318,9 @@ func (l *Listener) handle(d consumer.Delivery) (dedup.Result, error) {
 		return dedup.Result{}, fmt.Errorf("idemq/rocketmqadapter: waiting for another copy of %s: %w", key, err)
 	}
 	defer unlock()
+	if inPlace {
+		return l.c.HandleInPlace(l.base, d)
+	}
 	return l.c.Handle(l.base, d)
 }
 
