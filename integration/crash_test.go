@@ -318,7 +318,12 @@ func TestKafkaRebalanceAfterKillExactlyOnce(t *testing.T) {
 	}
 	producePayments(t, topic, ps, ids)
 
-	victim := startPayments(t, bin, topic, group, e.schema, 60)
+	// The victim starts alone (it owns every partition), the survivor joins
+	// once the victim is consuming (a rebalance splits the partitions), then
+	// the victim is killed after 40 commits (a second rebalance hands its
+	// partitions to the survivor after its session times out).
+	victim := startPayments(t, bin, topic, group, e.schema, 40)
+	eventually(t, 60*time.Second, "the victim to consume", func() bool { return victim.eventCounts(t)["handler"] > 0 })
 	survivor := startPayments(t, bin, topic, group, e.schema, 0)
 	victim.waitKilled(t)
 	waitCaughtUp(t, group, topic)
