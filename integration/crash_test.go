@@ -264,32 +264,7 @@ func TestKafkaCrashMidStreamNoDoubleEffectNothingLost(t *testing.T) {
 	waitCaughtUp(t, group, topic)
 	second.stop(t)
 
-	rows, err = e.pool.Query(e.ctx, `select payment_id, amount from `+e.table("payments"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]int64{}
-	n := 0
-	for rows.Next() {
-		var id string
-		var amt int64
-		if err := rows.Scan(&id, &amt); err != nil {
-			t.Fatal(err)
-		}
-		got[id] = amt
-		n++
-	}
-	if rows.Err() != nil {
-		t.Fatal(rows.Err())
-	}
-	if n != len(want) || len(got) != len(want) {
-		t.Fatalf("payment rows = %d (distinct %d), want %d exactly once", n, len(got), len(want))
-	}
-	for id, amt := range want {
-		if got[id] != amt {
-			t.Fatalf("payment %s = %d, want %d", id, got[id], amt)
-		}
-	}
+	checkAppliedOnce(t, e, want)
 	if c := e.count(`select count(*) from ` + e.table("consumption_records") + ` where status = 'SUCCEEDED' and attempts = 1`); c != len(want) {
 		t.Fatalf("SUCCEEDED records with attempts 1 = %d, want %d", c, len(want))
 	}
@@ -329,32 +304,41 @@ func TestKafkaRebalanceAfterKillExactlyOnce(t *testing.T) {
 	waitCaughtUp(t, group, topic)
 	survivor.stop(t)
 
-	got := map[string]int{}
-	rows, err := e.pool.Query(e.ctx, `select payment_id from `+e.table("payments"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		got[id]++
-	}
-	if rows.Err() != nil {
-		t.Fatal(rows.Err())
-	}
-	for id := range want {
-		if got[id] != 1 {
-			t.Fatalf("payment %s applied %d times, want 1", id, got[id])
-		}
-	}
-	if len(got) != len(want) {
-		t.Fatalf("%d distinct payments applied, want %d", len(got), len(want))
-	}
+	checkAppliedOnce(t, e, want)
 	ev := survivor.eventCounts(t)
 	if ev["duplicate:business_key"] == 0 && victim.eventCounts(t)["duplicate:business_key"] == 0 {
 		t.Fatal("no re-send was caught by business key")
 	}
 	t.Logf("victim: %v; survivor: %v", victim.eventCounts(t), ev)
+}
+
+// checkAppliedOnce asserts that the payments table holds each wanted payment
+// exactly once, with its amount, and nothing else.
+func checkAppliedOnce(t testing.TB, e *env, want map[string]int64) {
+	t.Helper()
+	rows, err := e.pool.Query(e.ctx, `select payment_id, amount from `+e.table("payments"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, n := map[string]int64{}, 0
+	for rows.Next() {
+		var id string
+		var amt int64
+		if err := rows.Scan(&id, &amt); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = amt
+		n++
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	if n != len(want) || len(got) != len(want) {
+		t.Fatalf("payment rows = %d (distinct %d), want %d, each exactly once", n, len(got), len(want))
+	}
+	for id, amt := range want {
+		if got[id] != amt {
+			t.Fatalf("payment %s = %d, want %d", id, got[id], amt)
+		}
+	}
 }
