@@ -49,8 +49,11 @@ test-unit: ## unit tests and examples, no services needed
 test-integration: ## integration tests against the running services (fail, never skip, when CI=true)
 	mkdir -p .cache
 	$(ENV); export TEST_REQUIRE_BROKERS=1; cd integration && $(GO) vet ./... && \
-	  rc=0; $(GO) test -race -count=1 -timeout 30m -v ./... > ../.cache/integration.log 2>&1 || rc=$$?; \
-	  grep -E '^(--- |PASS|FAIL|ok |panic)' ../.cache/integration.log || true; \
+	  rc=0; $(GO) tool gotestsum --format testname --format-hide-empty-pkg \
+	    --jsonfile ../.cache/integration.json -- -race -count=1 -timeout 30m ./... \
+	    > ../.cache/integration.log 2>&1 || rc=$$?; \
+	  cat ../.cache/integration.log; \
+	  [ $$rc -eq 0 ] || echo "integration tests failed; every event is in .cache/integration.json (go test -json)"; \
 	  exit $$rc
 
 .PHONY: bench
