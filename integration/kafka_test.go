@@ -451,3 +451,35 @@ func TestDockerComposeFileIsValid(t *testing.T) {
 		t.Fatalf("docker compose config: %v\n%s", err, out)
 	}
 }
+
+// EnsureTopics returns only once every partition's leader serves it: a
+// produce request sent right after, without any retry, succeeds on every
+// partition of every new topic. (Checking the metadata alone was not enough:
+// a fresh broker answered NOT_LEADER_OR_FOLLOWER to the first produce.)
+func TestKafkaEnsureTopicsReadyToProduce(t *testing.T) {
+	t.Parallel()
+	const partitions = 3
+	topics := []string{randomName("idemq-ready-"), randomName("idemq-ready-"), randomName("idemq-ready-")}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := kafkaadapter.EnsureTopics(ctx, kafkaBrokers(t), partitions, topics...); err != nil {
+		t.Fatal(err)
+	}
+	cl := &kafka.Client{Addr: kafka.TCP(kafkaBrokers(t)...), Timeout: 10 * time.Second}
+	for _, topic := range topics {
+		for p := range partitions {
+			res, err := cl.Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: p, RequiredAcks: kafka.RequireAll,
+				Records: kafka.NewRecordReader(kafka.Record{Value: kafka.NewBytes([]byte("probe"))})})
+			if err == nil && res.Error != nil {
+				err = res.Error
+			}
+			if err != nil {
+				t.Fatalf("produce to %s/%d right after EnsureTopics: %v", topic, p, err)
+			}
+		}
+	}
+	// Idempotent: existing topics are accepted as they are.
+	if err := kafkaadapter.EnsureTopics(ctx, kafkaBrokers(t), partitions, topics[0]); err != nil {
+		t.Fatalf("EnsureTopics on an existing topic: %v", err)
+	}
+}
