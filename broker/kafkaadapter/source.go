@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"strconv"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/segmentio/kafka-go"
@@ -28,12 +32,22 @@ type Config struct {
 	// MessageIDHeader names the header holding the message ID. Default
 	// "message-id".
 	MessageIDHeader string
+	// FetchRetryMax caps the wait between fetch attempts after a transient
+	// error (see Source.Fetch); waits start at 100ms and double. Default
+	// 30s; it must not be negative.
+	FetchRetryMax time.Duration
+	// Logger receives a warning for each transient fetch error. Default
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // Source is a consumer.Source over a kafka-go consumer-group Reader.
 type Source struct {
-	r   *kafka.Reader
-	hdr string
+	r        *kafka.Reader
+	fetch    func(context.Context) (kafka.Message, error) // r.FetchMessage; replaced in tests
+	hdr      string
+	retryMax time.Duration
+	log      *slog.Logger
 }
 
 // ErrInvalidConfig is wrapped by every Config error.
@@ -53,6 +67,8 @@ func NewSource(cfg Config) (*Source, error) {
 		return nil, fmt.Errorf("%w: Reader.CommitInterval %s must be 0; set consumer.Config.CommitInterval instead", ErrInvalidConfig, rc.CommitInterval)
 	case rc.Partition != 0:
 		return nil, fmt.Errorf("%w: Reader.Partition cannot be used with a consumer group", ErrInvalidConfig)
+	case cfg.FetchRetryMax < 0:
+		return nil, fmt.Errorf("%w: FetchRetryMax %s must not be negative", ErrInvalidConfig, cfg.FetchRetryMax)
 	}
 	if err := rc.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
@@ -61,7 +77,15 @@ func NewSource(cfg Config) (*Source, error) {
 	if hdr == "" {
 		hdr = DefaultMessageIDHeader
 	}
-	return &Source{r: kafka.NewReader(rc), hdr: hdr}, nil
+	s := &Source{r: kafka.NewReader(rc), hdr: hdr, retryMax: cfg.FetchRetryMax, log: cfg.Logger}
+	s.fetch = s.r.FetchMessage
+	if s.retryMax == 0 {
+		s.retryMax = 30 * time.Second
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	return s, nil
 }
 
 // RedeliveryHorizon implements consumer.HorizonReporter: the largest
@@ -90,12 +114,66 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
 func (s *Source) Reader() *kafka.Reader { return s.r }
 
 // Fetch implements consumer.Source with Reader.FetchMessage.
+//
+// kafka-go's Reader keeps fetching after it reports an error: it hands
+// FetchMessage a partition's read errors, group errors (a rebalance in
+// progress, a coordinator moving) and, after ReaderConfig.MaxAttempts failed
+// connection attempts, the connection error, then goes on retrying by
+// itself. So Fetch logs such errors (Logger, warning) and calls FetchMessage
+// again after a backoff of 100ms doubling up to FetchRetryMax, and a broker
+// restart or a leader move does not stop the consumer. It returns ctx's
+// error when ctx ends, io.EOF once the Reader is closed, and at once a Kafka
+// error a retry cannot fix (authorization, authentication, unsupported
+// version, invalid group or topic) or an error that is neither a Kafka
+// error nor a network error.
 func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
-	m, err := s.r.FetchMessage(ctx)
-	if err != nil {
-		return consumer.Delivery{}, err
+	var b *backoff.ExponentialBackOff
+	for {
+		m, err := s.fetch(ctx)
+		if err == nil {
+			return ToDelivery(m, s.hdr), nil
+		}
+		if ctx.Err() != nil || !fetchRetriable(err) {
+			return consumer.Delivery{}, err
+		}
+		if b == nil {
+			b = &backoff.ExponentialBackOff{InitialInterval: min(100*time.Millisecond, s.retryMax), RandomizationFactor: 0.2,
+				Multiplier: 2, MaxInterval: s.retryMax}
+			b.Reset()
+		}
+		wait := b.NextBackOff()
+		s.log.Warn("idemq: kafka fetch failed; fetching again", "err", err, "retry_in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return consumer.Delivery{}, ctx.Err()
+		case <-t.C:
+		}
 	}
-	return ToDelivery(m, s.hdr), nil
+}
+
+// fetchRetriable reports whether FetchMessage may succeed if called again:
+// yes for a Kafka error code other than the final ones (authorization,
+// authentication, unsupported version: a retry cannot fix them) and for a
+// network error; no once the Reader is closed (io.EOF) or for an error of
+// any other kind.
+func fetchRetriable(err error) bool {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrClosedPipe) {
+		return false
+	}
+	var ke kafka.Error
+	if errors.As(err, &ke) {
+		switch ke {
+		case kafka.TopicAuthorizationFailed, kafka.GroupAuthorizationFailed, kafka.ClusterAuthorizationFailed,
+			kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState,
+			kafka.UnsupportedVersion, kafka.InvalidGroupId, kafka.InvalidTopic:
+			return false
+		}
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // Commit implements consumer.Source with Reader.CommitMessages, which commits

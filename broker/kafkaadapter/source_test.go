@@ -1,7 +1,12 @@
 package kafkaadapter
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"testing"
 	"time"
 
@@ -38,5 +43,68 @@ func TestNewSourceValidates(t *testing.T) {
 		if _, err := NewSource(Config{Reader: rc}); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("config %d: err = %v", i, err)
 		}
+	}
+	if _, err := NewSource(Config{Reader: base, FetchRetryMax: -time.Second}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("negative FetchRetryMax: err = %v", err)
+	}
+}
+
+// scriptedFetch returns the errors in order, then m; it counts its calls.
+func scriptedFetch(m kafka.Message, errs ...error) (func(context.Context) (kafka.Message, error), *int) {
+	calls := 0
+	return func(ctx context.Context) (kafka.Message, error) {
+		calls++
+		if calls <= len(errs) {
+			return kafka.Message{}, errs[calls-1]
+		}
+		return m, nil
+	}, &calls
+}
+
+func testSource(fetch func(context.Context) (kafka.Message, error)) *Source {
+	return &Source{fetch: fetch, hdr: DefaultMessageIDHeader, retryMax: 5 * time.Millisecond,
+		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
+// kafka-go reports errors through FetchMessage and keeps fetching, so a
+// broker restart or a leader move must not end the consumer.
+func TestFetchRetriesTransientErrors(t *testing.T) {
+	want := kafka.Message{Topic: "t", Partition: 1, Offset: 7, Headers: []kafka.Header{{Key: "message-id", Value: []byte("m-7")}}}
+	dial := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
+	fetch, calls := scriptedFetch(want, dial, kafka.NotLeaderForPartition, kafka.RequestTimedOut, kafka.RebalanceInProgress)
+	d, err := testSource(fetch).Fetch(context.Background())
+	if err != nil || d.MessageID != "m-7" || d.Offset != 7 {
+		t.Fatalf("Fetch = %+v, %v; want m-7 after the transient errors", d, err)
+	}
+	if *calls != 5 {
+		t.Fatalf("FetchMessage calls = %d, want 5 (4 errors, then the message)", *calls)
+	}
+}
+
+func TestFetchReturnsFinalErrors(t *testing.T) {
+	for _, final := range []error{io.EOF, kafka.TopicAuthorizationFailed, fmt.Errorf("wrapped: %w", kafka.GroupAuthorizationFailed), errors.New("not a kafka or network error")} {
+		fetch, calls := scriptedFetch(kafka.Message{}, final)
+		if _, err := testSource(fetch).Fetch(context.Background()); !errors.Is(err, final) && err != final {
+			t.Errorf("Fetch after %v = %v, want that error", final, err)
+		}
+		if *calls != 1 {
+			t.Errorf("%v: FetchMessage calls = %d, want 1 (no retry)", final, *calls)
+		}
+	}
+}
+
+func TestFetchStopsRetryingWhenContextEnds(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make([]error, 1000)
+	for i := range errs {
+		errs[i] = kafka.LeaderNotAvailable
+	}
+	fetch, calls := scriptedFetch(kafka.Message{}, errs...)
+	time.AfterFunc(30*time.Millisecond, cancel)
+	if _, err := testSource(fetch).Fetch(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Fetch = %v, want context.Canceled", err)
+	}
+	if *calls < 2 || *calls >= 1000 {
+		t.Fatalf("FetchMessage calls = %d, want some retries, then a stop", *calls)
 	}
 }
