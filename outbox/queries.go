@@ -8,7 +8,7 @@ type queries struct {
 	channel string // NOTIFY channel (a string argument, never spliced)
 
 	insertSQL, lockKeysSQL, keysSQL, headsSQL, followersSQL, publishedSQL, failedSQL, purgeSQL string
-	listenSQL                                                                     string
+	listenSQL                                                                                  string
 }
 
 func newQueries(cfg Config) queries {
