@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,14 +20,53 @@ import (
 // input: it is dead-lettered with reason dedup.ReasonBadInput and acked.
 type BusinessKeyFunc func(msg *dedup.Message) (string, error)
 
+// Store is the consumption-record store a Consumer drives. *dedup.Store
+// (Postgres) implements it and TxStore; redisstore.Store (Redis only) implements
+// Store alone, for lease-mode handlers.
+type Store interface {
+	// ProcessLeased runs h for msg in lease mode (dedup.Store.ProcessLeased).
+	ProcessLeased(ctx context.Context, msg *dedup.Message, h dedup.LeaseHandler, opt dedup.LeaseOptions) (dedup.Result, error)
+	// Reject records msg as bad input: FAILED_FINAL plus a dead letter with
+	// reason, never running a handler (dedup.Store.Reject).
+	Reject(ctx context.Context, msg *dedup.Message, reason string, cause error) (dedup.Result, error)
+	// ValidateRetention refuses a record retention shorter than the broker's
+	// redelivery horizon (an error wrapping dedup.ErrRetentionTooShort).
+	ValidateRetention(horizon time.Duration) error
+	// MaxAttempts is how many handler executions a record gets.
+	MaxAttempts() int
+	// SucceededRetention is how long a SUCCEEDED record is kept.
+	SucceededRetention() time.Duration
+}
+
+// TxStore is a Store that also runs handlers inside its Postgres
+// transaction: atomic mode (Process) and batched atomic mode (ProcessBatch).
+// *dedup.Store implements it.
+type TxStore interface {
+	Store
+	// Process runs h for msg in atomic mode (dedup.Store.Process).
+	Process(ctx context.Context, msg *dedup.Message, h dedup.Handler) (dedup.Result, error)
+	// ProcessBatch runs h for msgs in one transaction (dedup.Store.ProcessBatch).
+	ProcessBatch(ctx context.Context, msgs []*dedup.Message, h dedup.Handler) ([]dedup.Result, error)
+}
+
+var _ TxStore = (*dedup.Store)(nil)
+
+func isTxStore(s Store) bool {
+	_, ok := s.(TxStore)
+	return ok
+}
+
 // Config configures a Consumer. Fields marked required must be set; every
 // other zero value means the default given in the field's comment.
 type Config struct {
 	// Scope is who consumes: usually the consumer group name. Required; 1 to
 	// 255 bytes of UTF-8.
 	Scope string
-	// Store holds consumption records and dead letters. Required.
-	Store *dedup.Store
+	// Store holds consumption records and dead letters. Required. A
+	// *dedup.Store (Postgres) runs every mode; a store that only implements
+	// Store, not TxStore (redisstore.Store: Redis only, weaker), runs
+	// LeaseHandler only.
+	Store Store
 	// Handler is the business logic, run inside the record's transaction
 	// (atomic mode). Exactly one of Handler and LeaseHandler is required.
 	Handler dedup.Handler
@@ -128,6 +168,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: Store is required", ErrInvalidConfig)
 	case (c.Handler == nil) == (c.LeaseHandler == nil):
 		return fmt.Errorf("%w: exactly one of Handler and LeaseHandler is required", ErrInvalidConfig)
+	case c.Handler != nil && !isTxStore(c.Store):
+		return fmt.Errorf("%w: Store %T has no Postgres transaction for Handler (atomic mode); use LeaseHandler or a *dedup.Store", ErrInvalidConfig, c.Store)
 	case c.RetryInitial < 0 || c.RetryMax < c.RetryInitial:
 		return fmt.Errorf("%w: RetryInitial %s and RetryMax %s must satisfy 0 <= RetryInitial <= RetryMax", ErrInvalidConfig, c.RetryInitial, c.RetryMax)
 	case c.CommitEvery < 1:

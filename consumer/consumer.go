@@ -89,7 +89,7 @@ func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error)
 	case c.cfg.LeaseHandler != nil:
 		res, err = c.cfg.Store.ProcessLeased(ctx, msg, c.cfg.LeaseHandler, c.cfg.Lease)
 	default:
-		res, err = c.cfg.Store.Process(ctx, msg, c.cfg.Handler)
+		res, err = c.cfg.Store.(TxStore).Process(ctx, msg, c.cfg.Handler)
 	}
 	endSpan(span, res, err)
 	if err != nil {
@@ -141,7 +141,7 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 	ctx, span := c.tracer.Start(ctx, "idemq deliver batch", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...),
 		trace.WithAttributes(attribute.String("messaging.consumer.group.name", c.cfg.Scope), attribute.Int("messaging.batch.message_count", len(msgs))))
 	defer span.End()
-	batch, err := c.cfg.Store.ProcessBatch(ctx, msgs, c.cfg.Handler)
+	batch, err := c.cfg.Store.(TxStore).ProcessBatch(ctx, msgs, c.cfg.Handler)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "batch not recorded")

@@ -28,6 +28,11 @@
 // lease mode (dedup.Store.ProcessLeased) for side effects outside the
 // database; a fenced owner's delivery is not acked.
 //
+// Config.Store is the Store interface: *dedup.Store (Postgres) runs every
+// mode; redisstore.Store keeps records in Redis alone and runs
+// Config.LeaseHandler only (atomic modes need a TxStore: a Postgres
+// transaction to join).
+//
 // # Shutdown
 //
 // When Run's context ends, fetching stops, in-flight handlers get up to

@@ -97,7 +97,7 @@ func (c *Consumer) checkHorizon(ctx context.Context, src Source) error {
 		return fmt.Errorf("idemq/consumer: redelivery horizon: %w", err)
 	}
 	if h == 0 {
-		c.log.Warn("idemq: broker redelivery horizon is unbounded; records expire after SucceededRetention", "retention", c.cfg.Store.Config().SucceededRetention)
+		c.log.Warn("idemq: broker redelivery horizon is unbounded; records expire after SucceededRetention", "retention", c.cfg.Store.SucceededRetention())
 		return nil
 	}
 	if err := c.cfg.Store.ValidateRetention(h); err != nil {

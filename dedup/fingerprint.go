@@ -71,6 +71,28 @@ func (f *Fingerprinter) Sum(payload []byte) (sum []byte, keyID string, err error
 	return mac(f.keys[0].Secret, b), f.keys[0].ID, nil
 }
 
+// KeyedSum is a fingerprint and the ID of the key it was made with.
+type KeyedSum struct {
+	KeyID string
+	Sum   []byte
+}
+
+// SumAll returns the fingerprint of payload under every configured key,
+// current key first, canonicalizing the payload once. Stores that compare
+// fingerprints where Matches cannot run (inside a Redis script) send all of
+// them. It fails only when the canonicalizer fails.
+func (f *Fingerprinter) SumAll(payload []byte) ([]KeyedSum, error) {
+	b, err := f.canonical(payload)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]KeyedSum, len(f.keys))
+	for i, k := range f.keys {
+		out[i] = KeyedSum{KeyID: k.ID, Sum: mac(k.Secret, b)}
+	}
+	return out, nil
+}
+
 // Matches reports whether payload has fingerprint sum under the key keyID
 // (current or previous). It returns ErrUnknownFingerprintKey when keyID is not
 // configured, or the canonicalizer's error.

@@ -36,6 +36,10 @@ func TestFingerprintRotation(t *testing.T) {
 	if id != "k2" || bytes.Equal(newSum, sum) {
 		t.Fatal("new fingerprints must use the current key")
 	}
+	all, err := rotated.SumAll([]byte(`{"amount":40}`))
+	if err != nil || len(all) != 2 || all[0].KeyID != "k2" || !bytes.Equal(all[0].Sum, newSum) || all[1].KeyID != "k1" || !bytes.Equal(all[1].Sum, sum) {
+		t.Fatalf("SumAll = %+v, %v; want the current key's sum, then the previous key's", all, err)
+	}
 	onlyNew, _ := NewFingerprinter(nil, k2)
 	if _, err := onlyNew.Matches([]byte(`{"amount":40}`), sum, "k1"); !errors.Is(err, ErrUnknownFingerprintKey) {
 		t.Fatalf("unknown key ID: err = %v", err)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/idemq/idemq/internal/leasewatch"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -40,6 +41,12 @@ type Lease struct {
 func (l Lease) IdempotencyKey() string { return l.Identity.String() }
 
 type leaseCtxKey struct{}
+
+// ContextWithLease returns ctx carrying l, for LeaseFromContext. Stores
+// other than Store (redisstore) use it to hand their lease to the handler.
+func ContextWithLease(ctx context.Context, l Lease) context.Context {
+	return context.WithValue(ctx, leaseCtxKey{}, l)
+}
 
 // LeaseFromContext returns the lease of the running lease-mode handler.
 func LeaseFromContext(ctx context.Context) (Lease, bool) {
@@ -128,7 +135,7 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler,
 	}
 	msg.Attempt = lease.Attempt
 
-	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, leaseCtxKey{}, lease))
+	hctx, cancel := context.WithCancelCause(ContextWithLease(ctx, lease))
 	stopBeat := make(chan struct{})
 	beatDone := make(chan struct{})
 	go func() {
@@ -225,35 +232,18 @@ func (s *Store) claimLease(ctx context.Context, msg *Message, sum []byte, keyID 
 // no extension succeeded for 90% of the TTL (heartbeats failing, or disabled)
 // it cancels it with ErrLeaseExpired.
 func (s *Store) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, rowID int64, l Lease, opt LeaseOptions, stop <-chan struct{}) {
-	safe := opt.TTL * 9 / 10
-	expire := time.NewTimer(safe)
-	defer expire.Stop()
-	var beat <-chan time.Time
-	if opt.Heartbeat > 0 {
-		t := time.NewTicker(opt.Heartbeat)
-		defer t.Stop()
-		beat = t.C
-	}
-	for {
-		select {
-		case <-stop:
-			return
-		case <-expire.C:
-			cancel(ErrLeaseExpired)
-			return
-		case <-beat:
-		}
-		sent := time.Now()
+	renew := func(ctx context.Context) (bool, error) {
 		tag, err := s.pool.Exec(ctx, s.q.leaseBeatSQL, rowID, l.OwnerToken, l.Fence, opt.TTL.Seconds())
-		switch {
-		case err == nil && tag.RowsAffected() == 0:
-			cancel(ErrFenced)
-			return
-		case err == nil:
-			expire.Reset(safe - time.Since(sent))
-		default:
-			s.cfg.Logger.Warn("idemq: lease heartbeat failed", "identity", l.Identity.String(), "err", err)
-		}
+		return err == nil && tag.RowsAffected() > 0, err
+	}
+	warn := func(err error) {
+		s.cfg.Logger.Warn("idemq: lease heartbeat failed", "identity", l.Identity.String(), "err", err)
+	}
+	switch leasewatch.Keep(ctx, opt.TTL, opt.Heartbeat, stop, renew, warn) {
+	case leasewatch.Fenced:
+		cancel(ErrFenced)
+	case leasewatch.Expired:
+		cancel(ErrLeaseExpired)
 	}
 }
 

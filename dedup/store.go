@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idemq/idemq/internal/pgtext"
 
@@ -50,6 +51,14 @@ func NewStore(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 
 // Config returns the store's configuration with defaults applied.
 func (s *Store) Config() Config { return s.cfg }
+
+// MaxAttempts is Config.MaxAttempts: how many handler executions a record
+// gets before it is FAILED_FINAL.
+func (s *Store) MaxAttempts() int { return s.cfg.MaxAttempts }
+
+// SucceededRetention is Config.SucceededRetention: how long a SUCCEEDED
+// record is kept (and duplicates are recognized) after it succeeded.
+func (s *Store) SucceededRetention() time.Duration { return s.cfg.SucceededRetention }
 
 // Pool returns the pool the store runs on.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }

@@ -41,4 +41,13 @@
 // TestRocketMQTwoProcessesKillMidRun), bad input (TestKafkaBadInput), retries
 // through the real %RETRY% topic, batched mode, the outbox relay under load
 // and broker outages, metrics, tracing and the CLI.
+//
+// The Redis-only store (dedup/redisstore) has its own set: 20 copies at once
+// (TestRedisStoreConcurrentCopiesApplyOnce); duplicates and conflicts by
+// message ID and business key; retries, permanent errors and dead letters;
+// S13 on Redis (TestRedisStoreLeaseTakeoverFencesStaleOwner); S11's claim
+// that must outlive a long handler, kept by the watchdog
+// (TestRedisStoreWatchdogKeepsLongHandler); owners that die holding the
+// lease, bounded by MaxAttempts; shutdown and Redis down; and a Kafka
+// consumer with a full replay (TestRedisStoreKafkaConsumerAppliesOnce).
 package integration

@@ -217,7 +217,7 @@ func NewListener(cfg Config) (*Listener, error) {
 	if cfg.Consumer.Store == nil {
 		return nil, fmt.Errorf("%w: Consumer.Store is required", ErrInvalidConfig)
 	}
-	if err := cfg.validate(cfg.Consumer.Store.Config().MaxAttempts); err != nil {
+	if err := cfg.validate(cfg.Consumer.Store.MaxAttempts()); err != nil {
 		return nil, err
 	}
 	if err := cfg.Consumer.Store.ValidateRetention(cfg.Horizon()); err != nil {

@@ -1,0 +1,101 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/redis/go-redis/v9"
+)
+
+// Lookup returns the record of (scope, message ID) (the key is normalized
+// with dedup.NormalizeKey first), or dedup.ErrNotFound. ExpiresAt is when
+// Redis will drop the record (its key's TTL).
+func (s *Store) Lookup(ctx context.Context, scope, messageID string) (dedup.Record, error) {
+	return s.lookup(ctx, scope, dedup.NormalizeKey(messageID))
+}
+
+// LookupBusinessKey returns the record holding business key businessKey
+// (normalized with dedup.NormalizeKey) in scope, or dedup.ErrNotFound.
+func (s *Store) LookupBusinessKey(ctx context.Context, scope, businessKey string) (dedup.Record, error) {
+	mid, err := s.c.Get(ctx, s.keysOf(scope).businessKey(dedup.NormalizeKey(businessKey))).Result()
+	if errors.Is(err, redis.Nil) {
+		return dedup.Record{}, dedup.ErrNotFound
+	}
+	if err != nil {
+		return dedup.Record{}, fmt.Errorf("idemq/redisstore: lookup: %w", err)
+	}
+	return s.lookup(ctx, scope, mid)
+}
+
+func (s *Store) lookup(ctx context.Context, scope, messageID string) (dedup.Record, error) {
+	key := s.keysOf(scope).record(messageID)
+	pipe := s.c.Pipeline()
+	all := pipe.HGetAll(ctx, key)
+	ttl := pipe.PTTL(ctx, key)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return dedup.Record{}, fmt.Errorf("idemq/redisstore: lookup: %w", err)
+	}
+	h := all.Val()
+	if len(h) == 0 {
+		return dedup.Record{}, dedup.ErrNotFound
+	}
+	atoi := func(f string) int64 { n, _ := strconv.ParseInt(h[f], 10, 64); return n }
+	r := dedup.Record{
+		Scope: h["scope"], MessageID: h["message_id"], BusinessKey: h["business_key"],
+		Status: dedup.Status(h["status"]), Attempts: int(atoi("attempts")), Fence: atoi("fence"),
+		LastError: h["last_error"], LastErrorClass: h["last_error_class"], Source: h["source"],
+		ReconsumeTimes: int32(atoi("reconsume_times")),
+		CreatedAt:      time.UnixMilli(atoi("created_ms")), UpdatedAt: time.UnixMilli(atoi("updated_ms")),
+	}
+	if kid, sum, ok := strings.Cut(h["fingerprint"], ":"); ok {
+		r.FingerprintKeyID = kid
+		r.Fingerprint, _ = hex.DecodeString(sum)
+	}
+	if d := ttl.Val(); d > 0 && (r.Status == dedup.StatusSucceeded || r.Status == dedup.StatusFailedFinal) {
+		at := time.Now().Add(d)
+		r.ExpiresAt = &at
+	}
+	return r, nil
+}
+
+// DeadLetters lists the dead letters of scope, oldest first, at most limit
+// (1 to 10000; 0 means 100), starting after ID afterID (0 for the start). A
+// dead letter's ID is its stream entry ID "<ms>-<seq>" as ms·1,000,000+seq.
+// Dead letters are trimmed once older than Config.FailedRetention.
+func (s *Store) DeadLetters(ctx context.Context, scope string, afterID int64, limit int) ([]dedup.DeadLetter, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	if limit > 10000 {
+		return nil, fmt.Errorf("idemq/redisstore: dead letters: limit %d above 10000", limit)
+	}
+	start := "-"
+	if afterID > 0 {
+		start = "(" + entryID(afterID)
+	}
+	entries, err := s.c.XRangeN(ctx, s.keysOf(scope).deadLetters(), start, "+", int64(limit)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("idemq/redisstore: dead letters: %w", err)
+	}
+	out := make([]dedup.DeadLetter, 0, len(entries))
+	for _, e := range entries {
+		f := func(k string) string { v, _ := e.Values[k].(string); return v }
+		attempts, _ := strconv.Atoi(f("attempts"))
+		created, _ := strconv.ParseInt(f("created_ms"), 10, 64)
+		d := dedup.DeadLetter{ID: streamID(e.ID), Scope: f("scope"), MessageID: f("message_id"), BusinessKey: f("business_key"),
+			Reason: f("reason"), Error: f("error"), ErrorClass: f("error_class"), Attempts: attempts, Topic: f("topic"),
+			Key: []byte(f("key")), Payload: []byte(f("payload")), Source: f("source"), CreatedAt: time.UnixMilli(created)}
+		if err := json.Unmarshal([]byte(f("headers")), &d.Headers); err != nil {
+			d.Headers = nil
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}

@@ -1,0 +1,59 @@
+// Package redisstore keeps consumption records in Redis alone, for
+// lease-mode handlers that have no database of their own (a handler whose
+// only effect is an HTTP call with an idempotency key, an e-mail, a cache
+// write). It implements consumer.Store, so consumer.Config{Store: rs,
+// LeaseHandler: h} runs on Kafka or RocketMQ exactly as with Postgres; it does
+// not run atomic-mode handlers (there is no transaction to join).
+//
+// # How it works
+//
+// Each identity has a record (a Redis hash: status, attempts, fence, owner
+// token, payload fingerprint, last error), an optional business-key index
+// (a string naming the record's message ID) and, while a handler runs, a
+// lease key set with SET … PX TTL holding "<owner token>:<fence>". Claims,
+// renewals and completions are Lua scripts, so each is one atomic
+// compare-and-set on the server: the claim creates the record or decides on
+// the existing one (duplicate, conflict, live lease, takeover); the watchdog
+// renews the lease only while the owner token and fence are still the
+// record's; the completion writes SUCCEEDED (or a failure) only under the
+// same condition, so a stale owner is fenced. Dead letters go to a Redis
+// stream per scope, written by the same script that makes a record
+// FAILED_FINAL or detects a conflict. Record keys expire after
+// SucceededRetention (SUCCEEDED) or FailedRetention (anything else); dead
+// letters are trimmed after FailedRetention. Times are the Redis server's.
+//
+// Keys are "<Prefix>:{<scope digest>}:rec:<message ID>", "…:bk:<business
+// key>", "…:lease:<message ID>" and "…:dead_letters": all keys of one scope
+// share a hash tag, hence one slot on Redis Cluster, which the scripts
+// need; a very busy scope therefore lives on one shard.
+//
+// # What it guarantees, and what it does not
+//
+// With a Redis that keeps its writes (a single primary with appendfsync
+// always, or no failover), it gives lease mode's guarantees: one live owner
+// per identity at a time, duplicates and conflicts recognized by message ID
+// and business key, failures counted and bounded by MaxAttempts, a stale
+// owner's completion refused (ErrFenced), nothing acked before its outcome is
+// in Redis.
+//
+// It is weaker than the Postgres store, and the difference is plain:
+//
+//   - Redis replication is asynchronous. A failover can lose the last writes
+//     of the old primary: a SUCCEEDED record the broker was already acked
+//     for can vanish, and a redelivered copy then runs the handler again.
+//     The same holds for a restart with appendfsync everysec (up to a second
+//     of writes) or without persistence (everything).
+//   - The handler's effects and the record are not one transaction. A
+//     process that dies after the side effect and before the completion
+//     leaves PROCESSING; after the lease TTL another copy takes over and
+//     runs the handler again. Pass Lease.IdempotencyKey (and the fence) to
+//     the downstream system so it can refuse the repeat: this is what lease
+//     mode is for.
+//   - Records expire with their TTL; a copy delivered after that runs again
+//     (ValidateRetention refuses a retention shorter than the broker's
+//     redelivery horizon).
+//   - Memory is the limit: every record lives in Redis until it expires.
+//
+// When the handler writes to Postgres, use dedup.Store instead: its atomic
+// mode makes the record and the effects one transaction.
+package redisstore

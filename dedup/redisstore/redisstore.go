@@ -1,0 +1,451 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/leasewatch"
+	"github.com/idemq/idemq/internal/pgtext"
+	"github.com/redis/go-redis/v9"
+)
+
+// Config configures a Store. Fields marked required must be set; every
+// other zero value means the default given in the field's comment.
+type Config struct {
+	// Client is the Redis client (a *redis.Client, *redis.FailoverClient,
+	// *redis.ClusterClient or any redis.UniversalClient). Required.
+	Client redis.UniversalClient
+	// Prefix starts every key. Default "idemq".
+	Prefix string
+	// Fingerprinter fingerprints payloads (conflict detection). Required.
+	Fingerprinter *dedup.Fingerprinter
+	// MaxAttempts is how many handler executions a record gets; the last
+	// failed one, or a takeover after it, makes it FAILED_FINAL with a dead
+	// letter. Default 5; 1 to 1000.
+	MaxAttempts int
+	// SucceededRetention is how long a SUCCEEDED record is kept (its key's
+	// TTL). Default 7 days; at least 1 minute.
+	SucceededRetention time.Duration
+	// FailedRetention is how long a record that is not SUCCEEDED, and a dead
+	// letter, is kept. Default 30 days; at least SucceededRetention.
+	FailedRetention time.Duration
+	// MaxErrorBytes bounds the error text kept in records and dead letters.
+	// Default 2048.
+	MaxErrorBytes int
+	// Logger receives heartbeat warnings. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// ErrInvalidConfig is wrapped by every Config error.
+var ErrInvalidConfig = errors.New("idemq/redisstore: invalid config")
+
+func (c Config) withDefaults() Config {
+	if c.Prefix == "" {
+		c.Prefix = "idemq"
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
+	if c.SucceededRetention == 0 {
+		c.SucceededRetention = 7 * 24 * time.Hour
+	}
+	if c.FailedRetention == 0 {
+		c.FailedRetention = max(30*24*time.Hour, c.SucceededRetention)
+	}
+	if c.MaxErrorBytes == 0 {
+		c.MaxErrorBytes = 2048
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Client == nil:
+		return fmt.Errorf("%w: Client is required", ErrInvalidConfig)
+	case c.Fingerprinter == nil:
+		return fmt.Errorf("%w: Fingerprinter is required", ErrInvalidConfig)
+	case c.MaxAttempts < 1 || c.MaxAttempts > 1000:
+		return fmt.Errorf("%w: MaxAttempts %d must be 1 to 1000", ErrInvalidConfig, c.MaxAttempts)
+	case c.SucceededRetention < time.Minute:
+		return fmt.Errorf("%w: SucceededRetention %s must be at least 1m", ErrInvalidConfig, c.SucceededRetention)
+	case c.FailedRetention < c.SucceededRetention:
+		return fmt.Errorf("%w: FailedRetention %s must be at least SucceededRetention %s", ErrInvalidConfig, c.FailedRetention, c.SucceededRetention)
+	case c.MaxErrorBytes < 64:
+		return fmt.Errorf("%w: MaxErrorBytes %d must be at least 64", ErrInvalidConfig, c.MaxErrorBytes)
+	}
+	return nil
+}
+
+// Store keeps consumption records and dead letters in Redis alone, for
+// lease-mode handlers that have no database. See the package documentation
+// for what it guarantees and what it does not.
+type Store struct {
+	cfg Config
+	c   redis.UniversalClient
+}
+
+// New validates cfg and returns a Store. It does not contact Redis. Errors
+// wrap ErrInvalidConfig.
+func New(cfg Config) (*Store, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Store{cfg: cfg, c: cfg.Client}, nil
+}
+
+// Config returns the store's configuration with defaults applied.
+func (s *Store) Config() Config { return s.cfg }
+
+// MaxAttempts is Config.MaxAttempts.
+func (s *Store) MaxAttempts() int { return s.cfg.MaxAttempts }
+
+// SucceededRetention is Config.SucceededRetention.
+func (s *Store) SucceededRetention() time.Duration { return s.cfg.SucceededRetention }
+
+// ValidateRetention refuses a SucceededRetention shorter than the broker's
+// redelivery horizon (Kafka: the topic's retention.ms; RocketMQ: the sum of
+// the delay levels up to the max reconsume times): a record forgotten while
+// the broker may still redeliver would let a late copy run again. The error
+// wraps dedup.ErrRetentionTooShort and names both numbers.
+func (s *Store) ValidateRetention(horizon time.Duration) error {
+	if s.cfg.SucceededRetention < horizon {
+		return fmt.Errorf("%w: SucceededRetention %s < broker redelivery horizon %s", dedup.ErrRetentionTooShort, s.cfg.SucceededRetention, horizon)
+	}
+	return nil
+}
+
+// keys are the Redis keys of one identity. Every key of a scope carries the
+// same hash tag (a digest of the scope, so any scope text is safe), so the
+// scripts' keys share a slot on Redis Cluster.
+type keys struct {
+	base string // "<prefix>:{<scope tag>}"
+}
+
+func (s *Store) keysOf(scope string) keys {
+	h := sha256.Sum256([]byte(scope))
+	return keys{base: s.cfg.Prefix + ":{" + hex.EncodeToString(h[:8]) + "}"}
+}
+
+func (k keys) record(messageID string) string { return k.base + ":rec:" + messageID }
+func (k keys) lease(messageID string) string  { return k.base + ":lease:" + messageID }
+func (k keys) deadLetters() string            { return k.base + ":dead_letters" }
+func (k keys) businessKey(bk string) string   { return k.base + ":bk:" + bk }
+
+// bkOrRecord is the business-key index key, or rec when there is no
+// business key (the scripts then see the same key twice and skip the index).
+func (k keys) bkOrRecord(bk, rec string) string {
+	if bk == "" {
+		return rec
+	}
+	return k.businessKey(bk)
+}
+
+// ProcessLeased runs h for msg in lease mode, with the record in Redis.
+//
+// The claim (one script) creates the record PROCESSING with a fresh owner
+// token, fence 1 and a lease key set with PX TTL; or finds the record by
+// message ID or business key and decides: a payload with another fingerprint
+// is a conflict (dead letter, acked, never applied); SUCCEEDED or
+// FAILED_FINAL is a duplicate; a live lease is OutcomeRetry with
+// dedup.ErrLeaseHeld; FAILED_RETRYABLE, or PROCESSING whose lease expired
+// (its owner died), is taken over: attempts and fence grow by one and the
+// owner token rotates; when the dead owner had used the last attempt the
+// record becomes FAILED_FINAL with a dead letter instead
+// (dedup.ReasonAttemptsExhausted).
+//
+// While h runs, a watchdog renews the lease every opt.Heartbeat; if it finds
+// another owner it cancels h's context with dedup.ErrFenced, and if no
+// renewal succeeded for 90% of the TTL with dedup.ErrLeaseExpired. The
+// completion (SUCCEEDED, or a failure mark) is a compare-and-set on the owner
+// token and fence: a stale owner gets OutcomeFenced (do not ack). A handler
+// interrupted by ctx gives the lease back without counting the attempt and
+// returns an error (do not ack). Outcomes and errors otherwise mean what they
+// mean for dedup.Store.ProcessLeased; a non-nil error (Redis unreachable)
+// means the outcome was not recorded: do not ack.
+func (s *Store) ProcessLeased(ctx context.Context, msg *dedup.Message, h dedup.LeaseHandler, opt dedup.LeaseOptions) (dedup.Result, error) {
+	if msg == nil || h == nil {
+		return dedup.Result{}, errors.New("idemq/redisstore: ProcessLeased: nil message or handler")
+	}
+	opt = withLeaseDefaults(opt)
+	if err := opt.ValidateUnder(0); err != nil {
+		return dedup.Result{}, err
+	}
+	sums, err := s.cfg.Fingerprinter.SumAll(msg.Payload)
+	if err != nil {
+		return s.Reject(ctx, msg, dedup.ReasonBadInput, err)
+	}
+	c, res, err := s.claim(ctx, msg, sums, opt.TTL)
+	if err != nil || c == nil {
+		return res, err
+	}
+	msg.Attempt = c.lease.Attempt
+
+	hctx, cancel := context.WithCancelCause(dedup.ContextWithLease(ctx, c.lease))
+	stop := make(chan struct{})
+	beatDone := make(chan struct{})
+	go func() {
+		defer close(beatDone)
+		s.watchdog(hctx, cancel, c, opt, stop)
+	}()
+	herr := runLeased(hctx, msg, h)
+	close(stop)
+	<-beatDone
+	fenced := errors.Is(context.Cause(hctx), dedup.ErrFenced)
+	cancel(nil)
+
+	res = dedup.Result{HandlerCalled: true, Attempts: c.lease.Attempt}
+	if fenced {
+		res.Outcome, res.Err, res.Status = dedup.OutcomeFenced, dedup.ErrFenced, dedup.StatusProcessing
+		return res, nil
+	}
+	if herr == nil {
+		return s.finish(ctx, msg, c, dedup.StatusSucceeded, nil, "", res)
+	}
+	if ctx.Err() != nil {
+		// A shutdown is not the message's fault: give the lease back
+		// without counting the attempt, and do not ack.
+		if _, rerr := s.finish(ctx, msg, c, "RELEASE", nil, "", res); rerr != nil {
+			s.cfg.Logger.Warn("idemq: release lease", "identity", c.lease.Identity.String(), "err", rerr)
+		}
+		return dedup.Result{}, fmt.Errorf("idemq/redisstore: handler interrupted: %w", errors.Join(ctx.Err(), herr))
+	}
+	status, reason := dedup.StatusFailedRetryable, ""
+	switch {
+	case dedup.IsPermanent(herr):
+		status, reason = dedup.StatusFailedFinal, dedup.ReasonPermanentError
+	case c.lease.Attempt >= s.cfg.MaxAttempts:
+		status, reason = dedup.StatusFailedFinal, dedup.ReasonAttemptsExhausted
+	}
+	return s.finish(ctx, msg, c, status, herr, reason, res)
+}
+
+func withLeaseDefaults(o dedup.LeaseOptions) dedup.LeaseOptions {
+	if o.TTL == 0 {
+		o.TTL = 30 * time.Second
+	}
+	if o.Heartbeat == 0 {
+		o.Heartbeat = o.TTL / 3
+	}
+	return o
+}
+
+func runLeased(ctx context.Context, msg *dedup.Message, h dedup.LeaseHandler) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &dedup.PanicError{Value: v}
+		}
+	}()
+	return h(ctx, msg)
+}
+
+// claimed is a claim this execution holds.
+type claimed struct {
+	lease     dedup.Lease
+	recordMID string // message ID of the record (differs from the delivery's when matched by business key)
+}
+
+func (s *Store) deadLetterArgs(msg *dedup.Message) []any {
+	hdr, _ := json.Marshal(msg.Headers)
+	if msg.Headers == nil {
+		hdr = []byte("{}")
+	}
+	return []any{msg.Topic, msg.Key, msg.Payload, hdr}
+}
+
+func ms(d time.Duration) int64 { return d.Milliseconds() }
+
+// claim runs claimScript, following a business-key match to its record.
+// It returns a nil claim with the delivery's result when the handler must
+// not run.
+func (s *Store) claim(ctx context.Context, msg *dedup.Message, sums []dedup.KeyedSum, ttl time.Duration) (*claimed, dedup.Result, error) {
+	id := msg.Identity
+	k := s.keysOf(id.Scope)
+	fps := make([]string, len(sums))
+	for i, ks := range sums {
+		fps[i] = ks.KeyID + ":" + hex.EncodeToString(ks.Sum)
+	}
+	token := uuid.New()
+	recMID, viaBK := id.MessageID, "0"
+	for range 5 {
+		rec := k.record(recMID)
+		args := append([]any{id.MessageID, id.BusinessKey, viaBK, strings.Join(fps, " "), token.String(),
+			ms(ttl), ms(s.cfg.FailedRetention), msg.Source, msg.ReconsumeTimes, s.cfg.MaxAttempts,
+			ms(s.cfg.FailedRetention), ms(s.cfg.FailedRetention)}, s.deadLetterArgs(msg)...)
+		args = append(args, id.Scope, recMID)
+		v, err := claimScript.Run(ctx, s.c, []string{rec, k.bkOrRecord(id.BusinessKey, rec), k.lease(recMID), k.deadLetters()}, args...).Slice()
+		if err != nil {
+			return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: %w", id, err)
+		}
+		kind, _ := v[0].(string)
+		switch kind {
+		case "BK":
+			recMID, viaBK = v[1].(string), "1"
+			continue
+		case "GONE":
+			recMID, viaBK = id.MessageID, "0"
+			continue
+		case "RUN":
+			l := dedup.Lease{Identity: id, OwnerToken: token, Attempt: int(v[1].(int64)), Fence: v[2].(int64)}
+			return &claimed{lease: l, recordMID: recMID}, dedup.Result{}, nil
+		}
+		res := dedup.Result{Status: dedup.Status(str(v, 1)), Attempts: int(num(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}
+		switch kind {
+		case "DUP":
+			res.Outcome = dedup.OutcomeDuplicate
+		case "HELD":
+			res.Outcome, res.Err = dedup.OutcomeRetry, dedup.ErrLeaseHeld
+		case "CONFLICT":
+			res.Outcome, res.DeadLetterID = dedup.OutcomeConflict, streamID(str(v, 4))
+			res.Err = fmt.Errorf("%w: %s matches record %s by %s with a different payload", dedup.ErrFingerprintConflict, id, recMID, res.MatchedBy)
+		case "EXHAUSTED":
+			res = dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: int(num(v, 1)),
+				MatchedBy: dedup.MatchedBy(str(v, 2)), DeadLetterID: streamID(str(v, 3)),
+				Err: fmt.Errorf("idemq/redisstore: %s: attempts exhausted: the last execution never reported an outcome", id)}
+		default:
+			return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: unexpected reply %v", id, v)
+		}
+		return nil, res, nil
+	}
+	return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: the business key's record kept changing", id)
+}
+
+func str(v []any, i int) string {
+	if i < len(v) {
+		if s, ok := v[i].(string); ok {
+			return s
+		}
+	}
+	return ""
+}
+
+func num(v []any, i int) int64 {
+	if i < len(v) {
+		if n, ok := v[i].(int64); ok {
+			return n
+		}
+	}
+	return 0
+}
+
+// watchdog renews the lease every opt.Heartbeat until stop (see
+// ProcessLeased).
+func (s *Store) watchdog(ctx context.Context, cancel context.CancelCauseFunc, c *claimed, opt dedup.LeaseOptions, stop <-chan struct{}) {
+	k := s.keysOf(c.lease.Identity.Scope)
+	renew := func(ctx context.Context) (bool, error) {
+		ok, err := renewScript.Run(ctx, s.c, []string{k.record(c.recordMID), k.lease(c.recordMID)},
+			c.lease.OwnerToken.String(), c.lease.Fence, ms(opt.TTL)).Int()
+		return ok == 1, err
+	}
+	warn := func(err error) {
+		s.cfg.Logger.Warn("idemq: lease renewal failed", "identity", c.lease.Identity.String(), "err", err)
+	}
+	switch leasewatch.Keep(ctx, opt.TTL, opt.Heartbeat, stop, renew, warn) {
+	case leasewatch.Fenced:
+		cancel(dedup.ErrFenced)
+	case leasewatch.Expired:
+		cancel(dedup.ErrLeaseExpired)
+	}
+}
+
+// finish records an execution's outcome with finishScript (status
+// "RELEASE": give the lease back).
+func (s *Store) finish(ctx context.Context, msg *dedup.Message, c *claimed, status dedup.Status, herr error, reason string, res dedup.Result) (dedup.Result, error) {
+	ctx = context.WithoutCancel(ctx) // the mark must land even during shutdown
+	id := msg.Identity
+	k := s.keysOf(id.Scope)
+	rec := k.record(c.recordMID)
+	ttl := s.cfg.FailedRetention
+	if status == dedup.StatusSucceeded {
+		ttl = s.cfg.SucceededRetention
+	}
+	errText, class := "", ""
+	if herr != nil {
+		errText, class = pgtext.Clip(herr.Error(), s.cfg.MaxErrorBytes), dedup.ErrorClass(herr)
+	}
+	args := append([]any{c.lease.OwnerToken.String(), c.lease.Fence, string(status), ms(ttl), errText, class, reason,
+		ms(s.cfg.FailedRetention)}, s.deadLetterArgs(msg)...)
+	args = append(args, msg.Source, id.Scope, id.MessageID, id.BusinessKey)
+	v, err := finishScript.Run(ctx, s.c, []string{rec, k.bkOrRecord(id.BusinessKey, rec), k.lease(c.recordMID), k.deadLetters()}, args...).Slice()
+	if err != nil {
+		return dedup.Result{}, fmt.Errorf("idemq/redisstore: mark %s %s: %w", id, status, err)
+	}
+	if num(v, 0) == 0 {
+		res.Outcome, res.Err, res.Status = dedup.OutcomeFenced, dedup.ErrFenced, dedup.StatusProcessing
+		return res, nil
+	}
+	res.Status, res.Err = status, herr
+	switch status {
+	case dedup.StatusSucceeded:
+		res.Outcome = dedup.OutcomeProcessed
+	case dedup.StatusFailedRetryable:
+		res.Outcome = dedup.OutcomeRetry
+	case dedup.StatusFailedFinal:
+		res.Outcome, res.DeadLetterID = dedup.OutcomeDeadLetter, streamID(str(v, 1))
+	}
+	return res, nil
+}
+
+// Reject records msg as bad input without running a handler: a
+// FAILED_FINAL record and a dead letter with reason, unless a record of the
+// message ID already ended (then OutcomeDuplicate) or a lease-mode owner
+// holds it (OutcomeRetry). A nil cause becomes an error naming reason.
+func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, cause error) (dedup.Result, error) {
+	if msg == nil {
+		return dedup.Result{}, errors.New("idemq/redisstore: Reject: nil message")
+	}
+	if cause == nil {
+		cause = errors.New(reason)
+	}
+	ctx = context.WithoutCancel(ctx)
+	id := msg.Identity
+	k := s.keysOf(id.Scope)
+	args := []any{id.MessageID, id.BusinessKey, ms(s.cfg.FailedRetention), pgtext.Clip(cause.Error(), s.cfg.MaxErrorBytes),
+		dedup.ErrorClass(cause), reason, ms(s.cfg.FailedRetention)}
+	args = append(append(args, s.deadLetterArgs(msg)...), msg.Source, id.Scope, msg.ReconsumeTimes)
+	v, err := rejectScript.Run(ctx, s.c, []string{k.record(id.MessageID), k.deadLetters()}, args...).Slice()
+	if err != nil {
+		return dedup.Result{}, fmt.Errorf("idemq/redisstore: reject %s: %w", id, err)
+	}
+	switch str(v, 0) {
+	case "DUP":
+		return dedup.Result{Outcome: dedup.OutcomeDuplicate, Status: dedup.Status(str(v, 1)), Attempts: int(num(v, 2)), MatchedBy: dedup.ByMessageID}, nil
+	case "HELD":
+		return dedup.Result{Outcome: dedup.OutcomeRetry, Status: dedup.StatusProcessing, Attempts: int(num(v, 2)), Err: dedup.ErrLeaseHeld}, nil
+	}
+	return dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: int(num(v, 1)),
+		Err: cause, DeadLetterID: streamID(str(v, 2))}, nil
+}
+
+// streamID turns a dead-letter stream entry ID "<ms>-<seq>" into the int64
+// dead-letter ID ms·1,000,000 + seq (ordered like the stream); 0 for "".
+func streamID(id string) int64 {
+	msPart, seqPart, ok := strings.Cut(id, "-")
+	if !ok {
+		return 0
+	}
+	m, err1 := strconv.ParseInt(msPart, 10, 64)
+	q, err2 := strconv.ParseInt(seqPart, 10, 64)
+	if err1 != nil || err2 != nil || q >= 1_000_000 {
+		return 0
+	}
+	return m*1_000_000 + q
+}
+
+// entryID is streamID's inverse.
+func entryID(id int64) string {
+	return strconv.FormatInt(id/1_000_000, 10) + "-" + strconv.FormatInt(id%1_000_000, 10)
+}

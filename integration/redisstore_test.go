@@ -1,0 +1,464 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// The Redis-only store (DESIGN §8b) on a real Redis: records, leases and
+// dead letters live in Redis, under a fresh key prefix per test.
+
+func newRedisStore(t testing.TB, tweak func(*redisstore.Config)) *redisstore.Store {
+	t.Helper()
+	c := redisClient(t)
+	prefix := randomName("rs-")
+	cfg := redisstore.Config{Client: c, Prefix: prefix, Fingerprinter: testFingerprinter(t)}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	s, err := redisstore.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+		for iter.Next(ctx) {
+			_ = c.Del(ctx, iter.Val()).Err()
+		}
+	})
+	return s
+}
+
+// effects is a stand-in for an external system: it applies each idempotency
+// key once and counts every request.
+type effects struct {
+	mu       sync.Mutex
+	requests map[string]int
+	fences   map[string][]int64
+}
+
+func newEffects() *effects {
+	return &effects{requests: map[string]int{}, fences: map[string][]int64{}}
+}
+
+func (f *effects) request(ctx context.Context) error {
+	l, ok := dedup.LeaseFromContext(ctx)
+	if !ok {
+		return errors.New("no lease in context")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.requests[l.IdempotencyKey()]++
+	f.fences[l.IdempotencyKey()] = append(f.fences[l.IdempotencyKey()], l.Fence)
+	return nil
+}
+
+func (f *effects) total() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.requests {
+		n += c
+	}
+	return n
+}
+
+// 20 goroutines deliver the same message at once: one runs the handler,
+// the others see a live lease (retry) or, once it succeeded, a duplicate;
+// redelivering the retries until acked never runs the handler again.
+func TestRedisStoreConcurrentCopiesApplyOnce(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, nil)
+	fx := newEffects()
+	h := func(ctx context.Context, m *dedup.Message) error {
+		time.Sleep(100 * time.Millisecond)
+		return fx.request(ctx)
+	}
+	ctx := context.Background()
+	var processed, duplicates, retries atomic.Int32
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				res, err := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "pay-1", `{"amount":40}`), h, dedup.LeaseOptions{})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				switch res.Outcome {
+				case dedup.OutcomeProcessed:
+					processed.Add(1)
+				case dedup.OutcomeDuplicate:
+					duplicates.Add(1)
+				case dedup.OutcomeRetry:
+					if !errors.Is(res.Err, dedup.ErrLeaseHeld) {
+						t.Errorf("retry with %v, want ErrLeaseHeld", res.Err)
+						return
+					}
+					retries.Add(1)
+					time.Sleep(20 * time.Millisecond) // the broker redelivers later
+					continue
+				default:
+					t.Errorf("outcome %s", res.Outcome)
+				}
+				return
+			}
+		}()
+	}
+	wg.Wait()
+	if processed.Load() != 1 || duplicates.Load() != 19 || fx.total() != 1 {
+		t.Fatalf("processed %d, duplicates %d, handler effects %d; want 1, 19, 1", processed.Load(), duplicates.Load(), fx.total())
+	}
+	if retries.Load() == 0 {
+		t.Fatal("no copy ever found the live lease: the copies did not overlap")
+	}
+	rec, err := s.Lookup(ctx, "billing", "m-1")
+	if err != nil || rec.Status != dedup.StatusSucceeded || rec.Attempts != 1 || rec.Fence != 1 || rec.ExpiresAt == nil {
+		t.Fatalf("record = %+v, %v; want SUCCEEDED, 1 attempt, fence 1, an expiry", rec, err)
+	}
+}
+
+// Duplicates by message ID and by business key, and a conflict: same
+// identity, different payload, dead-lettered whole and never applied.
+func TestRedisStoreDuplicatesAndConflicts(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, nil)
+	fx := newEffects()
+	h := func(ctx context.Context, m *dedup.Message) error { return fx.request(ctx) }
+	ctx := context.Background()
+	run := func(mid, bk, payload string) dedup.Result {
+		t.Helper()
+		res, err := s.ProcessLeased(ctx, msg(t, "billing", mid, bk, payload), h, dedup.LeaseOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if r := run("m-1", "pay-1", `{"amount":40}`); r.Outcome != dedup.OutcomeProcessed || !r.HandlerCalled {
+		t.Fatalf("first copy: %+v", r)
+	}
+	if r := run("m-1", "pay-1", `{"amount":40}`); r.Outcome != dedup.OutcomeDuplicate || r.MatchedBy != dedup.ByMessageID || r.HandlerCalled {
+		t.Fatalf("same message again: %+v", r)
+	}
+	if r := run("m-2", "pay-1", `{"amount":40}`); r.Outcome != dedup.OutcomeDuplicate || r.MatchedBy != dedup.ByBusinessKey {
+		t.Fatalf("producer re-send under a new message ID: %+v", r)
+	}
+	r := run("m-1", "pay-1", `{"amount":45}`)
+	if r.Outcome != dedup.OutcomeConflict || !errors.Is(r.Err, dedup.ErrFingerprintConflict) || r.DeadLetterID == 0 || !r.Outcome.Acked() {
+		t.Fatalf("conflicting payload: %+v", r)
+	}
+	if r := run("m-3", "pay-1", `{"amount":99}`); r.Outcome != dedup.OutcomeConflict || r.MatchedBy != dedup.ByBusinessKey {
+		t.Fatalf("same business key, other payload: %+v", r)
+	}
+	if fx.total() != 1 {
+		t.Fatalf("handler effects = %d, want 1", fx.total())
+	}
+	dls, err := s.DeadLetters(ctx, "billing", 0, 10)
+	if err != nil || len(dls) != 2 {
+		t.Fatalf("dead letters = %+v, %v; want 2", dls, err)
+	}
+	d := dls[0]
+	if d.ID != r.DeadLetterID || dls[1].ID <= d.ID || d.Reason != dedup.ReasonFingerprintConflict || string(d.Payload) != `{"amount":45}` ||
+		d.MessageID != "m-1" || d.Topic != "payments" || d.Headers["message-id"] != "m-1" {
+		t.Fatalf("conflict dead letter = %+v", d)
+	}
+	if rest, _ := s.DeadLetters(ctx, "billing", d.ID, 10); len(rest) != 1 || rest[0].MessageID != "m-3" {
+		t.Fatalf("dead letters after %d = %+v, want m-3's", d.ID, rest)
+	}
+	if rec, err := s.LookupBusinessKey(ctx, "billing", "pay-1"); err != nil || rec.MessageID != "m-1" {
+		t.Fatalf("LookupBusinessKey = %+v, %v", rec, err)
+	}
+	if _, err := s.Lookup(ctx, "billing", "m-2"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("m-2 (a duplicate by business key) has its own record: %v", err)
+	}
+}
+
+// Retryable failures are counted; the last allowed one, or a permanent
+// error, is final with a dead letter; copies of a final record are acked
+// without running the handler.
+func TestRedisStoreFailuresRetriesAndDeadLetters(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, func(c *redisstore.Config) { c.MaxAttempts = 3 })
+	ctx := context.Background()
+	calls := map[string]int{}
+	h := func(ctx context.Context, m *dedup.Message) error {
+		id := m.Identity.MessageID
+		calls[id]++
+		switch {
+		case id == "m-flaky" && calls[id] <= 2:
+			return errors.New("provider timeout")
+		case id == "m-poison":
+			return errors.New("always fails")
+		case id == "m-bad":
+			return dedup.Permanent(errors.New("card declined"))
+		}
+		return nil
+	}
+	run := func(mid string) dedup.Result {
+		t.Helper()
+		res, err := s.ProcessLeased(ctx, msg(t, "billing", mid, "", "p-"+mid), h, dedup.LeaseOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	for i, want := range []dedup.Outcome{dedup.OutcomeRetry, dedup.OutcomeRetry, dedup.OutcomeProcessed, dedup.OutcomeDuplicate} {
+		if r := run("m-flaky"); r.Outcome != want || (i < 3 && r.Attempts != i+1) {
+			t.Fatalf("m-flaky copy %d: %+v, want %s", i+1, r, want)
+		}
+	}
+	if rec, _ := s.Lookup(ctx, "billing", "m-flaky"); rec.Status != dedup.StatusSucceeded || rec.Attempts != 3 || rec.LastError != "provider timeout" {
+		t.Fatalf("m-flaky record = %+v", rec)
+	}
+	for i, want := range []dedup.Outcome{dedup.OutcomeRetry, dedup.OutcomeRetry, dedup.OutcomeDeadLetter} {
+		if r := run("m-poison"); r.Outcome != want || r.Attempts != i+1 {
+			t.Fatalf("m-poison copy %d: %+v, want %s at attempt %d", i+1, r, want, i+1)
+		}
+	}
+	if r := run("m-bad"); r.Outcome != dedup.OutcomeDeadLetter || r.Attempts != 1 || r.DeadLetterID == 0 {
+		t.Fatalf("m-bad: %+v", r)
+	}
+	if r := run("m-poison"); r.Outcome != dedup.OutcomeDuplicate || r.Status != dedup.StatusFailedFinal || r.HandlerCalled {
+		t.Fatalf("m-poison after final: %+v", r)
+	}
+	if calls["m-flaky"] != 3 || calls["m-poison"] != 3 || calls["m-bad"] != 1 {
+		t.Fatalf("handler calls = %v", calls)
+	}
+	dls, err := s.DeadLetters(ctx, "billing", 0, 10)
+	if err != nil || len(dls) != 2 || dls[0].Reason != dedup.ReasonAttemptsExhausted || dls[0].Attempts != 3 ||
+		dls[1].Reason != dedup.ReasonPermanentError || string(dls[1].Payload) != "p-m-bad" {
+		t.Fatalf("dead letters = %+v, %v", dls, err)
+	}
+	// Bad input is rejected without a handler and kept.
+	bad := msg(t, "billing", "m-garbage", "", "\x00\x01")
+	if r, err := s.Reject(ctx, bad, dedup.ReasonBadInput, errors.New("unparsable payload")); err != nil || r.Outcome != dedup.OutcomeDeadLetter {
+		t.Fatalf("Reject = %+v, %v", r, err)
+	}
+	if r, _ := s.Reject(ctx, bad, dedup.ReasonBadInput, nil); r.Outcome != dedup.OutcomeDuplicate {
+		t.Fatalf("Reject of a rejected copy = %+v, want duplicate", r)
+	}
+}
+
+// S13 on Redis: owner A stalls without renewing; its lease expires; copy B
+// takes over (fence 2, same idempotency key) and completes; A's context was
+// canceled with ErrLeaseExpired and its completion is fenced (not acked).
+func TestRedisStoreLeaseTakeoverFencesStaleOwner(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, nil)
+	fx := newEffects()
+	ctx := context.Background()
+	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1}
+	type outcome struct {
+		res   dedup.Result
+		err   error
+		cause error
+	}
+	aDone := make(chan outcome, 1)
+	claimed := make(chan struct{})
+	go func() {
+		var cause error
+		res, err := s.ProcessLeased(ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(hctx context.Context, m *dedup.Message) error {
+			close(claimed)
+			if err := fx.request(hctx); err != nil {
+				return err
+			}
+			<-hctx.Done() // canceled at 90% of the TTL
+			cause = context.Cause(hctx)
+			time.Sleep(1500 * time.Millisecond) // a handler that keeps going anyway
+			return nil
+		}, opt)
+		aDone <- outcome{res, err, cause}
+	}()
+	<-claimed
+	if r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-13", "charge-13", "x"), fx.noop, opt); err != nil || r.Outcome != dedup.OutcomeRetry || !errors.Is(r.Err, dedup.ErrLeaseHeld) {
+		t.Fatalf("copy during A's live lease: %+v, %v", r, err)
+	}
+	time.Sleep(1200 * time.Millisecond) // A's lease is gone
+	rb, err := s.ProcessLeased(ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(hctx context.Context, m *dedup.Message) error {
+		return fx.request(hctx)
+	}, opt)
+	if err != nil || rb.Outcome != dedup.OutcomeProcessed || rb.Attempts != 2 {
+		t.Fatalf("B's takeover: %+v, %v; want processed at attempt 2", rb, err)
+	}
+	a := <-aDone
+	if a.err != nil || a.res.Outcome != dedup.OutcomeFenced || !errors.Is(a.res.Err, dedup.ErrFenced) || a.res.Outcome.Acked() {
+		t.Fatalf("A: %+v, %v; want fenced, not acked", a.res, a.err)
+	}
+	if !errors.Is(a.cause, dedup.ErrLeaseExpired) {
+		t.Fatalf("A's context cause = %v, want ErrLeaseExpired", a.cause)
+	}
+	rec, _ := s.Lookup(ctx, "billing", "m-13")
+	key := dedup.Lease{Identity: msg(t, "billing", "m-13", "charge-13", "x").Identity}.IdempotencyKey()
+	if rec.Status != dedup.StatusSucceeded || rec.Fence != 2 || fmt.Sprint(fx.fences[key]) != "[1 2]" {
+		t.Fatalf("record %+v, provider saw fences %v under one key; want SUCCEEDED, fence 2, [1 2]", rec, fx.fences[key])
+	}
+}
+
+func (f *effects) noop(context.Context, *dedup.Message) error {
+	return errors.New("must not run")
+}
+
+// The watchdog keeps a long handler's lease: copies meanwhile wait (retry),
+// nobody takes over, the handler completes.
+func TestRedisStoreWatchdogKeepsLongHandler(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, nil)
+	fx := newEffects()
+	ctx := context.Background()
+	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: 200 * time.Millisecond}
+	done := make(chan dedup.Result, 1)
+	go func() {
+		res, err := s.ProcessLeased(ctx, msg(t, "billing", "m-long", "", "x"), func(hctx context.Context, m *dedup.Message) error {
+			select {
+			case <-time.After(3 * time.Second):
+				return fx.request(hctx)
+			case <-hctx.Done():
+				return context.Cause(hctx)
+			}
+		}, opt)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	for range 5 {
+		time.Sleep(500 * time.Millisecond)
+		if r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-long", "", "x"), fx.noop, opt); err != nil || r.Outcome != dedup.OutcomeRetry {
+			t.Fatalf("copy while the owner renews: %+v, %v; want retry", r, err)
+		}
+	}
+	if r := <-done; r.Outcome != dedup.OutcomeProcessed || r.Attempts != 1 || fx.total() != 1 {
+		t.Fatalf("owner: %+v, effects %d", r, fx.total())
+	}
+}
+
+// A message that kills its consumer: every owner dies holding the lease.
+// Takeovers count attempts; after the last one the record is final with a
+// dead letter, so the message stops coming back.
+func TestRedisStoreOwnerThatNeverReturnsIsBounded(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, func(c *redisstore.Config) { c.MaxAttempts = 2 })
+	ctx := context.Background()
+	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1}
+	release := make(chan struct{})
+	defer close(release)
+	var running sync.WaitGroup
+	hang := func(hctx context.Context, m *dedup.Message) error { running.Done(); <-release; return nil }
+	for attempt := 1; attempt <= 2; attempt++ {
+		running.Add(1)
+		go func() { _, _ = s.ProcessLeased(ctx, msg(t, "billing", "m-kill", "", "x"), hang, opt) }()
+		running.Wait() // the owner holds the lease, then "dies" (never returns)
+		time.Sleep(1200 * time.Millisecond)
+	}
+	r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-kill", "", "x"), func(context.Context, *dedup.Message) error {
+		return errors.New("must not run")
+	}, opt)
+	if err != nil || r.Outcome != dedup.OutcomeDeadLetter || r.Attempts != 2 || r.HandlerCalled || r.DeadLetterID == 0 {
+		t.Fatalf("copy after two dead owners: %+v, %v; want dead letter after 2 attempts, handler not run", r, err)
+	}
+	dls, _ := s.DeadLetters(ctx, "billing", 0, 10)
+	if len(dls) != 1 || dls[0].Reason != dedup.ReasonAttemptsExhausted {
+		t.Fatalf("dead letters = %+v", dls)
+	}
+	if rec, _ := s.Lookup(ctx, "billing", "m-kill"); rec.Status != dedup.StatusFailedFinal || rec.Fence != 2 {
+		t.Fatalf("record = %+v", rec)
+	}
+}
+
+// Shutdown during a handler gives the lease back without counting the
+// attempt; Redis unreachable means "not recorded, do not ack", handler not
+// run.
+func TestRedisStoreShutdownAndRedisDown(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	_, err := s.ProcessLeased(ctx, msg(t, "billing", "m-stop", "", "x"), func(hctx context.Context, m *dedup.Message) error {
+		cancel()
+		<-hctx.Done()
+		return hctx.Err()
+	}, dedup.LeaseOptions{})
+	if err == nil {
+		t.Fatal("interrupted handler: nil error, want one (do not ack)")
+	}
+	if rec, _ := s.Lookup(context.Background(), "billing", "m-stop"); rec.Status != dedup.StatusFailedRetryable || rec.Attempts != 0 {
+		t.Fatalf("record after shutdown = %+v; want FAILED_RETRYABLE, attempts 0", rec)
+	}
+	r, err := s.ProcessLeased(context.Background(), msg(t, "billing", "m-stop", "", "x"), func(context.Context, *dedup.Message) error { return nil }, dedup.LeaseOptions{})
+	if err != nil || r.Outcome != dedup.OutcomeProcessed || r.Attempts != 1 {
+		t.Fatalf("next copy: %+v, %v; want processed at attempt 1", r, err)
+	}
+
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer down.Close()
+	ds, err := redisstore.New(redisstore.Config{Client: down, Fingerprinter: testFingerprinter(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	called := false
+	_, err = ds.ProcessLeased(context.Background(), msg(t, "billing", "m-x", "", "x"), func(context.Context, *dedup.Message) error { called = true; return nil }, dedup.LeaseOptions{})
+	if err == nil || called {
+		t.Fatalf("Redis down: err %v, handler called %v; want an error and no call", err, called)
+	}
+}
+
+// End to end on a real Kafka broker: a lease-mode consumer on the Redis
+// store, duplicates by message ID and by business key, then the whole topic
+// replayed by a second consumer group of the same scope: every payment
+// reaches the "provider" once.
+func TestRedisStoreKafkaConsumerAppliesOnce(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, nil)
+	fx := newEffects()
+	topic := newTopic(t, 3)
+	var msgs []kmsg
+	for i := range 30 {
+		m := kmsg{id: fmt.Sprintf("m-%02d", i), payload: fmt.Sprintf(`{"payment_id":"pay-%02d"}`, i)}
+		msgs = append(msgs, m)
+		if i%5 == 0 {
+			msgs = append(msgs, m) // producer retry: same message ID
+		}
+		if i%7 == 0 {
+			msgs = append(msgs, kmsg{id: fmt.Sprintf("m-%02d-resend", i), payload: m.payload}) // re-send: new ID, same payment
+		}
+	}
+	produce(t, topic, msgs...)
+	scope := randomName("g-")
+	bk := func(m *dedup.Message) (string, error) {
+		var v struct {
+			PaymentID string `json:"payment_id"`
+		}
+		err := json.Unmarshal(m.Payload, &v)
+		return v.PaymentID, err
+	}
+	for round, group := range []string{scope, randomName("g-replay-")} {
+		var counters consumer.Counters
+		r := startConsumer(t, consumer.Config{Scope: scope, Store: s, BusinessKey: bk, Metrics: &counters,
+			LeaseHandler: func(ctx context.Context, m *dedup.Message) error { return fx.request(ctx) }}, newSpySource(t, group, topic))
+		waitCaughtUp(t, group, topic)
+		r.stop(t)
+		snap := counters.Snapshot()
+		if round == 0 && (snap["processed"] != 30 || snap["duplicate"] != int64(len(msgs)-30)) {
+			t.Fatalf("first pass counters %v; want 30 processed, %d duplicates", snap, len(msgs)-30)
+		}
+		if round == 1 && (snap["processed"] != 0 || snap["duplicate"] != int64(len(msgs))) {
+			t.Fatalf("replay counters %v; want every delivery a duplicate", snap)
+		}
+	}
+	if len(fx.requests) != 30 || fx.total() != 30 {
+		t.Fatalf("provider saw %d keys, %d requests; want 30 and 30", len(fx.requests), fx.total())
+	}
+}
