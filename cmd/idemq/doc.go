@@ -14,6 +14,8 @@
 // Each command lives in its own file and registers itself in commands. The
 // database comes from -dsn, else IDEMQ_DATABASE_URL, else TEST_POSTGRES_DSN,
 // else postgres://idemq:idemq@127.0.0.1:5432/idemq; -schema names the schema
-// of idemq's tables (default "idemq"). Run `idemq <command> -h` for the flags
-// of a command.
+// of idemq's tables (default "idemq"). inspect, dead-letters and redrive
+// read a Redis-only store (dedup/redisstore) instead when given -redis URL
+// (and -redis-prefix, default "idemq"). Run `idemq <command> -h` for the
+// flags of a command.
 package main

@@ -10,7 +10,9 @@ import (
 	"text/tabwriter"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 )
 
 // The consumption-record commands: migrate, inspect a key, list
@@ -23,16 +25,69 @@ func init() {
 	commands["purge"] = runPurge
 }
 
-// storeFlags name the consumption-record and dead-letter tables.
+// storeFlags name the consumption-record and dead-letter tables, or the
+// Redis of a Redis-only store (dedup/redisstore).
 type storeFlags struct {
 	db                   dbFlags
 	records, deadLetters string
+	redisURL, prefix     string
 }
 
 func (f *storeFlags) register(fs *flag.FlagSet) {
 	f.db.register(fs)
 	fs.StringVar(&f.records, "records-table", "consumption_records", "consumption record table")
 	fs.StringVar(&f.deadLetters, "dead-letters-table", "dead_letters", "dead-letter table")
+	fs.StringVar(&f.redisURL, "redis", "", "read a Redis-only store (dedup/redisstore) at this URL, e.g. redis://127.0.0.1:6379/0, instead of Postgres")
+	fs.StringVar(&f.prefix, "redis-prefix", "idemq", "key prefix of the Redis-only store (redisstore.Config.Prefix)")
+}
+
+// recordAdmin is what inspect, dead-letters and redrive need; both stores
+// have it.
+type recordAdmin interface {
+	Lookup(ctx context.Context, scope, messageID string) (dedup.Record, error)
+	LookupBusinessKey(ctx context.Context, scope, businessKey string) (dedup.Record, error)
+	DeadLetters(ctx context.Context, scope string, afterID int64, limit int) ([]dedup.DeadLetter, error)
+	Redrive(ctx context.Context, scope, messageID string) error
+}
+
+// admin opens the store the flags name; close releases it.
+func (f *storeFlags) admin(ctx context.Context) (st recordAdmin, close func(), err error) {
+	if f.redisURL == "" {
+		pool, pst, err := f.open(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		return pst, pool.Close, nil
+	}
+	opt, err := redis.ParseURL(f.redisURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-redis: %w", err)
+	}
+	c := redis.NewClient(opt)
+	rst, err := redisstore.New(redisstore.Config{Client: c, Prefix: f.prefix, Fingerprinter: adminFingerprinter()})
+	if err != nil {
+		_ = c.Close()
+		return nil, nil, err
+	}
+	return rst, func() { _ = c.Close() }, nil
+}
+
+// adminFingerprinter is a placeholder key: administration never computes a
+// fingerprint.
+func adminFingerprinter() *dedup.Fingerprinter {
+	fp, err := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "cli-admin", Secret: []byte("admin-commands-never-fingerprint")})
+	if err != nil {
+		panic(err) // a constant key
+	}
+	return fp
+}
+
+// postgresOnly refuses -redis for commands a Redis-only store does not need.
+func (f *storeFlags) postgresOnly(cmd string) error {
+	if f.redisURL != "" {
+		return fmt.Errorf("%s: not for a Redis-only store (-redis): it has no tables, and Redis expires its records itself", cmd)
+	}
+	return nil
 }
 
 // open returns a Store for administration. Administration never computes a
@@ -42,12 +97,7 @@ func (f *storeFlags) open(ctx context.Context) (*pgxpool.Pool, *dedup.Store, err
 	if err != nil {
 		return nil, nil, err
 	}
-	fp, err := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "cli-admin", Secret: []byte("admin-commands-never-fingerprint")})
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	st, err := dedup.NewStore(pool, dedup.Config{Schema: f.db.schema, RecordsTable: f.records, DeadLettersTable: f.deadLetters, Fingerprinter: fp})
+	st, err := dedup.NewStore(pool, dedup.Config{Schema: f.db.schema, RecordsTable: f.records, DeadLettersTable: f.deadLetters, Fingerprinter: adminFingerprinter()})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -72,6 +122,9 @@ func runMigrate(ctx context.Context, args []string) error {
 	var f storeFlags
 	f.register(fs)
 	if err := parse(fs, args, nil); err != nil {
+		return err
+	}
+	if err := f.postgresOnly("migrate"); err != nil {
 		return err
 	}
 	pool, st, err := f.open(ctx)
@@ -99,11 +152,11 @@ func runInspect(ctx context.Context, args []string) error {
 	if (*msgID == "") == (*bk == "") {
 		return errors.New("inspect: give exactly one of -message-id and -business-key")
 	}
-	pool, st, err := f.open(ctx)
+	st, closeStore, err := f.admin(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeStore()
 	var r dedup.Record
 	if *msgID != "" {
 		r, err = st.Lookup(ctx, *scope, *msgID)
@@ -128,11 +181,11 @@ func runDeadLetters(ctx context.Context, args []string) error {
 	if err := parse(fs, args, map[string]*string{"scope": scope}); err != nil {
 		return err
 	}
-	pool, st, err := f.open(ctx)
+	st, closeStore, err := f.admin(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeStore()
 	dls, err := st.DeadLetters(ctx, *scope, *after, *limit)
 	if err != nil {
 		return err
@@ -154,11 +207,11 @@ func runRedrive(ctx context.Context, args []string) error {
 	if err := parse(fs, args, map[string]*string{"scope": scope, "message-id": msgID}); err != nil {
 		return err
 	}
-	pool, st, err := f.open(ctx)
+	st, closeStore, err := f.admin(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeStore()
 	if err := st.Redrive(ctx, *scope, *msgID); err != nil {
 		return err
 	}
@@ -172,6 +225,9 @@ func runPurge(ctx context.Context, args []string) error {
 	f.register(fs)
 	batch := fs.Int("batch", 1000, "rows deleted per statement")
 	if err := parse(fs, args, nil); err != nil {
+		return err
+	}
+	if err := f.postgresOnly("purge"); err != nil {
 		return err
 	}
 	pool, st, err := f.open(ctx)

@@ -65,6 +65,33 @@ func (s *Store) lookup(ctx context.Context, scope, messageID string) (dedup.Reco
 	return r, nil
 }
 
+// Redrive is the operator's re-drive of a FAILED_FINAL record of (scope,
+// message ID), as dedup.Store.Redrive: the record becomes FAILED_RETRYABLE
+// (attempts kept, so each re-drive allows one more execution) and the next
+// delivery of the message runs the handler. Dead letters in the stream are
+// kept as they are (a stream entry is not updated); the record notes
+// redriven_ms. It returns dedup.ErrNotFound when no record matches and an
+// error wrapping dedup.ErrNotFinal when the record is not FAILED_FINAL.
+func (s *Store) Redrive(ctx context.Context, scope, messageID string) error {
+	mid := dedup.NormalizeKey(messageID)
+	k := s.keysOf(scope)
+	rec := k.record(mid)
+	bki := rec
+	if r, err := s.lookup(ctx, scope, mid); err == nil && r.BusinessKey != "" {
+		bki = k.businessKey(r.BusinessKey)
+	}
+	st, err := redriveScript.Run(ctx, s.c, []string{rec, bki}, ms(s.cfg.FailedRetention)).Text()
+	switch {
+	case err != nil:
+		return fmt.Errorf("idemq/redisstore: redrive: %w", err)
+	case st == "":
+		return dedup.ErrNotFound
+	case st != string(dedup.StatusFailedFinal):
+		return fmt.Errorf("%w: %s/%s is %s", dedup.ErrNotFinal, scope, messageID, st)
+	}
+	return nil
+}
+
 // DeadLetters lists the dead letters of scope, oldest first, at most limit
 // (1 to 10000; 0 means 100), starting after ID afterID (0 for the start). A
 // dead letter's ID is its stream entry ID "<ms>-<seq>" as ms·1,000,000+seq.

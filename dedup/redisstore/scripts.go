@@ -80,9 +80,10 @@ if st == 'PROCESSING' and redis.call('EXISTS', lease) == 1 then
   return {'HELD', st, attempts, matched}
 end
 -- FAILED_RETRYABLE, or PROCESSING whose owner's lease expired: take over.
-if attempts >= tonumber(ARGV[10]) then
+if st == 'PROCESSING' and attempts >= tonumber(ARGV[10]) then
   -- The last allowed execution never reported back (its process died):
-  -- final, so a message that kills its consumer cannot loop forever.
+  -- final, so a message that kills its consumer cannot loop forever. (A
+  -- FAILED_RETRYABLE record at the limit was re-driven: it runs again.)
   redis.call('HSET', rec, 'status', 'FAILED_FINAL', 'updated_ms', now,
     'last_error', 'idemq: attempts exhausted: the last execution never reported an outcome',
     'last_error_class', 'attempts_exhausted')
@@ -186,4 +187,21 @@ local id = redis.call('XADD', dl, 'MINID', '~', string.format('%d', now - tonumb
   'error', ARGV[4], 'error_class', ARGV[5], 'attempts', attempts, 'topic', ARGV[8], 'key', ARGV[9],
   'payload', ARGV[10], 'headers', ARGV[11], 'source', ARGV[12], 'created_ms', now)
 return {'DEAD', attempts, id}
+`)
+
+// redriveScript makes a FAILED_FINAL record FAILED_RETRYABLE (attempts
+// kept). KEYS: 1 record, 2 business-key index (or the record key). ARGV:
+// 1 record TTL ms. Replies the record's status before ("" when there is no
+// record).
+var redriveScript = redis.NewScript(`
+local rec, bki = KEYS[1], KEYS[2]
+local st = redis.call('HGET', rec, 'status')
+if not st then return '' end
+if st ~= 'FAILED_FINAL' then return st end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', rec, 'status', 'FAILED_RETRYABLE', 'updated_ms', now, 'redriven_ms', now)
+redis.call('PEXPIRE', rec, ARGV[1])
+if bki ~= rec then redis.call('PEXPIRE', bki, ARGV[1]) end
+return st
 `)
