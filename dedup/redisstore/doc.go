@@ -25,7 +25,8 @@
 // Keys are "<Prefix>:{<scope digest>}:rec:<message ID>", "…:bk:<business
 // key>", "…:lease:<message ID>" and "…:dead_letters": all keys of one scope
 // share a hash tag, hence one slot on Redis Cluster, which the scripts
-// need; a very busy scope therefore lives on one shard.
+// need; a very busy scope therefore lives on one shard. It needs Redis 6.2
+// or later (XADD … MINID); the tests run on Redis 7.0 from Debian.
 //
 // # What it guarantees, and what it does not
 //
