@@ -333,12 +333,14 @@ func TestRedisStoreWatchdogKeepsLongHandler(t *testing.T) {
 	s := newRedisStore(t, nil)
 	fx := newEffects()
 	ctx := context.Background()
-	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: 200 * time.Millisecond}
+	// Renewals every 300ms keep a 2s lease through a 4s handler, with room
+	// for a slow machine; a lease that lapsed would let a copy take over.
+	opt := dedup.LeaseOptions{TTL: 2 * time.Second, Heartbeat: 300 * time.Millisecond}
 	done := make(chan dedup.Result, 1)
 	go func() {
 		res, err := s.ProcessLeased(ctx, msg(t, "billing", "m-long", "", "x"), func(hctx context.Context, m *dedup.Message) error {
 			select {
-			case <-time.After(3 * time.Second):
+			case <-time.After(4 * time.Second):
 				return fx.request(hctx)
 			case <-hctx.Done():
 				return context.Cause(hctx)
@@ -350,7 +352,7 @@ func TestRedisStoreWatchdogKeepsLongHandler(t *testing.T) {
 		done <- res
 	}()
 	for range 5 {
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(700 * time.Millisecond)
 		if r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-long", "", "x"), fx.noop, opt); err != nil || r.Outcome != dedup.OutcomeRetry {
 			t.Fatalf("copy while the owner renews: %+v, %v; want retry", r, err)
 		}
