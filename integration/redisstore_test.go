@@ -353,8 +353,9 @@ func TestRedisStoreWatchdogKeepsLongHandler(t *testing.T) {
 	}()
 	for range 5 {
 		time.Sleep(700 * time.Millisecond)
-		if r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-long", "", "x"), fx.noop, opt); err != nil || r.Outcome != dedup.OutcomeRetry {
-			t.Fatalf("copy while the owner renews: %+v, %v; want retry", r, err)
+		if r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-long", "", "x"), fx.noop, opt); err != nil || r.Outcome != dedup.OutcomeRetry ||
+			!errors.Is(r.Err, dedup.ErrLeaseHeld) || r.HandlerCalled {
+			t.Fatalf("copy while the owner renews: %+v, %v; want retry on the held lease, handler not run", r, err)
 		}
 	}
 	if r := <-done; r.Outcome != dedup.OutcomeProcessed || r.Attempts != 1 || fx.total() != 1 {
