@@ -91,3 +91,14 @@ func FuzzNormalizeKey(f *testing.F) {
 		}
 	})
 }
+
+func TestLeaseIdempotencyKey(t *testing.T) {
+	first := Identity{Scope: "billing", MessageID: "m-1", BusinessKey: "pay-1"}
+	resend := Identity{Scope: "billing", MessageID: "m-2", BusinessKey: "pay-1"}
+	if k := (Lease{Identity: resend, Record: first}).IdempotencyKey(); k != "billing/m-1/pay-1" {
+		t.Fatalf("takeover by business key: %q, want the record's identity", k)
+	}
+	if k := (Lease{Identity: resend}).IdempotencyKey(); k != "billing/m-2/pay-1" {
+		t.Fatalf("no record identity: %q, want the delivery's", k)
+	}
+}

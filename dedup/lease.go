@@ -26,6 +26,11 @@ import (
 type Lease struct {
 	// Identity is the delivery's dedup identity.
 	Identity Identity
+	// Record is the identity of the consumption record the lease holds: the
+	// delivery's own, or, when the delivery matched an earlier record by
+	// business key (a producer re-send under a new message ID), that
+	// record's, whose message ID is the first one seen.
+	Record Identity
 	// OwnerToken is a fresh UUID per claim or takeover.
 	OwnerToken uuid.UUID
 	// Fence grows by one at every claim or takeover of the record: 1 for the
@@ -36,9 +41,16 @@ type Lease struct {
 }
 
 // IdempotencyKey is the key to send to a downstream system with the side
-// effect: the identity's string form, stable across takeovers (the fence is
-// not part of it, so a takeover repeats the same downstream request).
-func (l Lease) IdempotencyKey() string { return l.Identity.String() }
+// effect: the string form of Record (Identity when Record is unset). It is
+// stable across takeovers, including a takeover by a re-send under a new
+// message ID with the same business key, and the fence is not part of it,
+// so a takeover repeats the very same downstream request.
+func (l Lease) IdempotencyKey() string {
+	if l.Record.Scope == "" {
+		return l.Identity.String()
+	}
+	return l.Record.String()
+}
 
 type leaseCtxKey struct{}
 
@@ -183,7 +195,7 @@ func runLeased(ctx context.Context, msg *Message, h LeaseHandler) (err error) {
 // claimLease commits a PROCESSING record owned by a fresh token, or decides
 // the delivery without running the handler (rowID 0).
 func (s *Store) claimLease(ctx context.Context, msg *Message, sum []byte, keyID string, ttl time.Duration) (Lease, int64, Result, error) {
-	lease := Lease{Identity: msg.Identity, OwnerToken: uuid.New(), Fence: 1, Attempt: 1}
+	lease := Lease{Identity: msg.Identity, Record: msg.Identity, OwnerToken: uuid.New(), Fence: 1, Attempt: 1}
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return lease, 0, Result{}, fmt.Errorf("idemq: begin lease claim: %w", err)
@@ -219,6 +231,7 @@ func (s *Store) claimLease(ctx context.Context, msg *Message, sum []byte, keyID 
 			return lease, 0, res, commit(ctx, tx)
 		}
 		rowID = rec.id
+		lease.Record = Identity{Scope: id.Scope, MessageID: rec.messageID, BusinessKey: rec.businessKey}
 		if err := tx.QueryRow(ctx, s.q.leaseTakeSQL, rowID, lease.OwnerToken, ttl.Seconds(), clip(msg.Source, 1024), msg.ReconsumeTimes).
 			Scan(&lease.Attempt, &lease.Fence); err != nil {
 			return lease, 0, Result{}, fmt.Errorf("idemq: lease takeover %s: %w", id, err)

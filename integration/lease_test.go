@@ -239,3 +239,30 @@ func TestS14ClockSkewUsesDatabaseTime(t *testing.T) {
 		t.Fatalf("record purged early: %v", err)
 	}
 }
+
+// A re-send under a new message ID that takes over a failed lease-mode
+// record by business key gets the record's idempotency key, the one the
+// first execution sent downstream.
+func TestLeaseTakeoverByBusinessKeyKeepsIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	var keys []string
+	h := func(ctx context.Context, m *dedup.Message) error {
+		l, _ := dedup.LeaseFromContext(ctx)
+		keys = append(keys, l.IdempotencyKey())
+		if m.Identity.MessageID == "m-1" {
+			return errors.New("provider timed out after charging")
+		}
+		return nil
+	}
+	if r, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-1", "pay-1", "x"), h, dedup.LeaseOptions{}); err != nil || r.Outcome != dedup.OutcomeRetry {
+		t.Fatalf("m-1: %+v, %v", r, err)
+	}
+	r, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-2", "pay-1", "x"), h, dedup.LeaseOptions{})
+	if err != nil || r.Outcome != dedup.OutcomeProcessed || r.Attempts != 2 {
+		t.Fatalf("m-2 (same business key): %+v, %v; want processed as attempt 2 of m-1's record", r, err)
+	}
+	if len(keys) != 2 || keys[0] != keys[1] || keys[0] != "billing/m-1/pay-1" {
+		t.Fatalf("idempotency keys %q; want both billing/m-1/pay-1", keys)
+	}
+}

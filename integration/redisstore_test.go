@@ -479,3 +479,219 @@ func TestRedisStoreKafkaConsumerAppliesOnce(t *testing.T) {
 		t.Fatalf("provider saw %d keys, %d requests; want 30 and 30", len(fx.requests), fx.total())
 	}
 }
+
+// A re-send under a new message ID that takes over a failed record by
+// business key sends the downstream system the same idempotency key as the
+// first execution (the record's), so the provider can drop the repeat.
+func TestRedisStoreTakeoverByBusinessKeyKeepsIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, nil)
+	ctx := context.Background()
+	var keys []string
+	h := func(hctx context.Context, m *dedup.Message) error {
+		l, _ := dedup.LeaseFromContext(hctx)
+		keys = append(keys, l.IdempotencyKey())
+		if m.Identity.MessageID == "m-1" {
+			return errors.New("provider timed out after charging")
+		}
+		return nil
+	}
+	if r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "pay-1", "x"), h, dedup.LeaseOptions{}); err != nil || r.Outcome != dedup.OutcomeRetry {
+		t.Fatalf("m-1: %+v, %v", r, err)
+	}
+	r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-2", "pay-1", "x"), h, dedup.LeaseOptions{})
+	if err != nil || r.Outcome != dedup.OutcomeProcessed || r.Attempts != 2 {
+		t.Fatalf("m-2 (same business key): %+v, %v; want processed as attempt 2 of m-1's record", r, err)
+	}
+	if len(keys) != 2 || keys[0] != keys[1] || keys[0] != "billing/m-1/pay-1" {
+		t.Fatalf("idempotency keys %q; want both billing/m-1/pay-1", keys)
+	}
+	if rec, _ := s.Lookup(ctx, "billing", "m-1"); rec.Status != dedup.StatusSucceeded || rec.Fence != 2 {
+		t.Fatalf("m-1's record = %+v", rec)
+	}
+}
+
+// Fingerprint key rotation, with key IDs holding a space and a colon: a
+// record made under the previous key still matches its payload, another
+// payload is still a conflict, and Lookup shows the key ID whole.
+func TestRedisStoreFingerprintKeyRotation(t *testing.T) {
+	t.Parallel()
+	oldKey := dedup.FingerprintKey{ID: "key 2025:a", Secret: []byte("old-secret-0123456789")}
+	newKey := dedup.FingerprintKey{ID: "key 2026:b", Secret: []byte("new-secret-0123456789")}
+	before, _ := dedup.NewFingerprinter(nil, oldKey)
+	after, _ := dedup.NewFingerprinter(nil, newKey, oldKey)
+	s1 := newRedisStore(t, func(c *redisstore.Config) { c.Fingerprinter = before })
+	cfg := s1.Config()
+	cfg.Fingerprinter = after
+	s2, err := redisstore.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ok := func(context.Context, *dedup.Message) error { return nil }
+	if r, _ := s1.ProcessLeased(ctx, msg(t, "billing", "m-1", "pay-1", `{"amount":40}`), ok, dedup.LeaseOptions{}); r.Outcome != dedup.OutcomeProcessed {
+		t.Fatalf("first: %+v", r)
+	}
+	if rec, _ := s2.Lookup(ctx, "billing", "m-1"); rec.FingerprintKeyID != "key 2025:a" || len(rec.Fingerprint) != 32 {
+		t.Fatalf("record fingerprint key %q, %d bytes", rec.FingerprintKeyID, len(rec.Fingerprint))
+	}
+	if r, _ := s2.ProcessLeased(ctx, msg(t, "billing", "m-1", "pay-1", `{"amount":40}`), ok, dedup.LeaseOptions{}); r.Outcome != dedup.OutcomeDuplicate {
+		t.Fatalf("same payload after rotation: %+v, want duplicate", r)
+	}
+	for _, m := range []*dedup.Message{msg(t, "billing", "m-1", "pay-1", `{"amount":9999}`), msg(t, "billing", "m-2", "pay-1", `{"amount":9999}`)} {
+		if r, _ := s2.ProcessLeased(ctx, m, ok, dedup.LeaseOptions{}); r.Outcome != dedup.OutcomeConflict {
+			t.Fatalf("%s with another payload after rotation: %+v, want conflict", m.Identity, r)
+		}
+	}
+}
+
+// Repeated copies of one conflicting message leave one dead letter.
+func TestRedisStoreConflictDeadLetteredOnce(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, nil)
+	ctx := context.Background()
+	ok := func(context.Context, *dedup.Message) error { return nil }
+	_, _ = s.ProcessLeased(ctx, msg(t, "billing", "m-1", "", "a"), ok, dedup.LeaseOptions{})
+	for i := range 3 {
+		r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "", "b"), ok, dedup.LeaseOptions{})
+		if err != nil || r.Outcome != dedup.OutcomeConflict || (i == 0) != (r.DeadLetterID != 0) {
+			t.Fatalf("conflicting copy %d: %+v, %v; want a dead letter the first time only", i+1, r, err)
+		}
+	}
+	if r, _ := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "", "c"), ok, dedup.LeaseOptions{}); r.DeadLetterID == 0 {
+		t.Fatalf("a third payload is another conflict: %+v, want its own dead letter", r)
+	}
+	if dls, _ := s.DeadLetters(ctx, "billing", 0, 10); len(dls) != 2 {
+		t.Fatalf("dead letters = %d, want 2", len(dls))
+	}
+}
+
+// Bad input takes part in business-key dedup: a rejected message's business
+// key makes a later message with it a conflict, a rejected re-send of a
+// succeeded payment is a duplicate, and a record whose owner died is made
+// final by a rejection instead of waiting forever.
+func TestRedisStoreRejectUsesBusinessKeyAndDeadOwners(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, nil)
+	ctx := context.Background()
+	ok := func(context.Context, *dedup.Message) error { return nil }
+	if r, err := s.Reject(ctx, msg(t, "billing", "m-1", "pay-1", "garbage"), dedup.ReasonBadInput, errors.New("unparsable")); err != nil || r.Outcome != dedup.OutcomeDeadLetter {
+		t.Fatalf("reject m-1: %+v, %v", r, err)
+	}
+	if r, _ := s.ProcessLeased(ctx, msg(t, "billing", "m-2", "pay-1", "fine"), ok, dedup.LeaseOptions{}); r.Outcome != dedup.OutcomeConflict || r.MatchedBy != dedup.ByBusinessKey {
+		t.Fatalf("m-2 with the rejected business key: %+v, want a conflict by business key", r)
+	}
+	if r, _ := s.ProcessLeased(ctx, msg(t, "billing", "m-3", "pay-3", "fine"), ok, dedup.LeaseOptions{}); r.Outcome != dedup.OutcomeProcessed {
+		t.Fatalf("m-3: %+v", r)
+	}
+	if r, _ := s.Reject(ctx, msg(t, "billing", "m-4", "pay-3", "garbage"), dedup.ReasonBadInput, nil); r.Outcome != dedup.OutcomeDuplicate || r.MatchedBy != dedup.ByBusinessKey {
+		t.Fatalf("rejected re-send of a succeeded payment: %+v, want duplicate by business key", r)
+	}
+	// An owner dies holding m-5's lease (1s, no renewal).
+	claimed, release := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	go func() {
+		_, _ = s.ProcessLeased(ctx, msg(t, "billing", "m-5", "", "x"), func(hctx context.Context, m *dedup.Message) error {
+			close(claimed)
+			<-release // dead: does not return while the test runs
+			return nil
+		}, dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1})
+	}()
+	<-claimed
+	if r, _ := s.Reject(ctx, msg(t, "billing", "m-5", "", "x"), dedup.ReasonBadInput, nil); r.Outcome != dedup.OutcomeRetry {
+		t.Fatalf("reject while the owner's lease is live: %+v, want retry", r)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	if r, _ := s.Reject(ctx, msg(t, "billing", "m-5", "", "x"), dedup.ReasonBadInput, nil); r.Outcome != dedup.OutcomeDeadLetter {
+		t.Fatalf("reject after the owner died: %+v, want dead letter", r)
+	}
+}
+
+// A business-key index whose record expired first does not block the key:
+// the next message with it runs as new and the index moves to it.
+func TestRedisStoreStaleBusinessKeyIndex(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, nil)
+	ctx := context.Background()
+	ok := func(context.Context, *dedup.Message) error { return nil }
+	if r, _ := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "pay-1", "x"), ok, dedup.LeaseOptions{}); r.Outcome != dedup.OutcomeProcessed {
+		t.Fatalf("m-1: %+v", r)
+	}
+	c := redisClient(t)
+	iter := c.Scan(ctx, 0, s.Config().Prefix+":*:rec:m-1", 10).Iterator()
+	for iter.Next(ctx) {
+		_ = c.Del(ctx, iter.Val()).Err() // the record expired, its index not yet
+	}
+	if r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-2", "pay-1", "y"), ok, dedup.LeaseOptions{}); err != nil || r.Outcome != dedup.OutcomeProcessed {
+		t.Fatalf("m-2 after m-1's record expired: %+v, %v; want processed", r, err)
+	}
+	if rec, err := s.LookupBusinessKey(ctx, "billing", "pay-1"); err != nil || rec.MessageID != "m-2" {
+		t.Fatalf("index now: %+v, %v; want m-2", rec, err)
+	}
+}
+
+// The watchdog notices a takeover: its renewal finds another owner, and the
+// handler's context ends with ErrFenced at once, not at lease expiry.
+func TestRedisStoreWatchdogFencedByRenewal(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, nil)
+	ctx := context.Background()
+	c := redisClient(t)
+	var cause error
+	start := time.Now()
+	r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "", "x"), func(hctx context.Context, m *dedup.Message) error {
+		iter := c.Scan(ctx, 0, s.Config().Prefix+":*:rec:m-1", 10).Iterator()
+		for iter.Next(ctx) { // another owner takes the record over
+			_ = c.HSet(ctx, iter.Val(), "owner", "someone-else", "fence", 2).Err()
+		}
+		<-hctx.Done()
+		cause = context.Cause(hctx)
+		return nil
+	}, dedup.LeaseOptions{TTL: 10 * time.Second, Heartbeat: 100 * time.Millisecond})
+	if err != nil || r.Outcome != dedup.OutcomeFenced || !errors.Is(cause, dedup.ErrFenced) || time.Since(start) > 5*time.Second {
+		t.Fatalf("%+v, %v, cause %v after %s; want fenced by the first renewal", r, err, cause, time.Since(start))
+	}
+}
+
+// failAfter is a go-redis hook that fails every command once armed.
+type failAfter struct{ armed atomic.Bool }
+
+func (f *failAfter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *failAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if f.armed.Load() {
+			return errors.New("injected: connection reset")
+		}
+		return next(ctx, cmd)
+	}
+}
+func (f *failAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// Redis failing after the handler ran: the outcome is not recorded, so the
+// delivery must not be acked (an error), and the next copy, once Redis is
+// back and the lease expired, runs again.
+func TestRedisStoreCompletionFailureIsNotAcked(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: redisAddress(t), MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	hook := &failAfter{}
+	c.AddHook(hook)
+	s := newRedisStore(t, func(cfg *redisstore.Config) { cfg.Client = c })
+	ctx := context.Background()
+	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1}
+	_, err := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "", "x"), func(context.Context, *dedup.Message) error {
+		hook.armed.Store(true)
+		return nil
+	}, opt)
+	if err == nil {
+		t.Fatal("completion failed but ProcessLeased returned no error: the delivery would be acked")
+	}
+	hook.armed.Store(false)
+	time.Sleep(1200 * time.Millisecond)
+	r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "", "x"), func(context.Context, *dedup.Message) error { return nil }, opt)
+	if err != nil || r.Outcome != dedup.OutcomeProcessed || r.Attempts != 2 {
+		t.Fatalf("next copy: %+v, %v; want processed at attempt 2", r, err)
+	}
+}

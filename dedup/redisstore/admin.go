@@ -54,9 +54,9 @@ func (s *Store) lookup(ctx context.Context, scope, messageID string) (dedup.Reco
 		ReconsumeTimes: int32(atoi("reconsume_times")),
 		CreatedAt:      time.UnixMilli(atoi("created_ms")), UpdatedAt: time.UnixMilli(atoi("updated_ms")),
 	}
-	if kid, sum, ok := strings.Cut(h["fingerprint"], ":"); ok {
-		r.FingerprintKeyID = kid
-		r.Fingerprint, _ = hex.DecodeString(sum)
+	if i := strings.LastIndexByte(h["fingerprint"], ':'); i >= 0 { // "<key ID>:<hex>"; a key ID may hold ':'
+		r.FingerprintKeyID = h["fingerprint"][:i]
+		r.Fingerprint, _ = hex.DecodeString(h["fingerprint"][i+1:])
 	}
 	if d := ttl.Val(); d > 0 && (r.Status == dedup.StatusSucceeded || r.Status == dedup.StatusFailedFinal) {
 		at := time.Now().Add(d)

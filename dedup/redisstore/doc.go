@@ -54,6 +54,9 @@
 //     (ValidateRetention refuses a retention shorter than the broker's
 //     redelivery horizon).
 //   - Memory is the limit: every record lives in Redis until it expires.
+//     Run Redis with maxmemory-policy noeviction: every key of the store has
+//     a TTL, so a volatile-* policy would evict records and leases first and
+//     silently let copies run again.
 //
 // When the handler writes to Postgres, use dedup.Store instead: its atomic
 // mode makes the record and the effects one transaction.

@@ -83,6 +83,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: SucceededRetention %s must be at least 1m", ErrInvalidConfig, c.SucceededRetention)
 	case c.FailedRetention < c.SucceededRetention:
 		return fmt.Errorf("%w: FailedRetention %s must be at least SucceededRetention %s", ErrInvalidConfig, c.FailedRetention, c.SucceededRetention)
+	case strings.ContainsAny(c.Prefix, "{}"):
+		return fmt.Errorf("%w: Prefix %q must not contain { or } (the store puts its own hash tag in every key)", ErrInvalidConfig, c.Prefix)
 	case c.MaxErrorBytes < 64:
 		return fmt.Errorf("%w: MaxErrorBytes %d must be at least 64", ErrInvalidConfig, c.MaxErrorBytes)
 	}
@@ -144,6 +146,12 @@ func (k keys) record(messageID string) string { return k.base + ":rec:" + messag
 func (k keys) lease(messageID string) string  { return k.base + ":lease:" + messageID }
 func (k keys) deadLetters() string            { return k.base + ":dead_letters" }
 func (k keys) businessKey(bk string) string   { return k.base + ":bk:" + bk }
+
+// conflict marks that a conflict of messageID with this payload was
+// dead-lettered, so its copies are not dead-lettered again.
+func (k keys) conflict(messageID string, sum []byte) string {
+	return k.base + ":conflict:" + messageID + ":" + hex.EncodeToString(sum)
+}
 
 // bkOrRecord is the business-key index key, or rec when there is no
 // business key (the scripts then see the same key twice and skip the index).
@@ -256,6 +264,7 @@ func runLeased(ctx context.Context, msg *dedup.Message, h dedup.LeaseHandler) (e
 type claimed struct {
 	lease     dedup.Lease
 	recordMID string // message ID of the record (differs from the delivery's when matched by business key)
+	recordBK  string // the record's business key
 }
 
 func (s *Store) deadLetterArgs(msg *dedup.Message) []any {
@@ -268,59 +277,81 @@ func (s *Store) deadLetterArgs(msg *dedup.Message) []any {
 
 func ms(d time.Duration) int64 { return d.Milliseconds() }
 
-// claim runs claimScript, following a business-key match to its record.
-// It returns a nil claim with the delivery's result when the handler must
-// not run.
+// follow runs a script that may answer {"BK", message ID} (the business
+// key belongs to that message's record: run again on it) or {"GONE"} (that
+// record expired: run again as a new delivery), and returns the final reply
+// and the message ID of the record it was about. run gets the record's
+// message ID and whether it was reached through the business key.
+func follow(id dedup.Identity, run func(recMID string, viaBK bool) ([]any, error)) ([]any, string, error) {
+	recMID, viaBK := id.MessageID, false
+	for range 5 {
+		v, err := run(recMID, viaBK)
+		if err != nil {
+			return nil, "", err
+		}
+		switch str(v, 0) {
+		case "BK":
+			recMID, viaBK = str(v, 1), true
+		case "GONE":
+			recMID, viaBK = id.MessageID, false
+		default:
+			return v, recMID, nil
+		}
+	}
+	return nil, "", fmt.Errorf("the record of business key %q kept changing", id.BusinessKey)
+}
+
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// claim runs claimScript. It returns a nil claim with the delivery's result
+// when the handler must not run.
 func (s *Store) claim(ctx context.Context, msg *dedup.Message, sums []dedup.KeyedSum, ttl time.Duration) (*claimed, dedup.Result, error) {
 	id := msg.Identity
 	k := s.keysOf(id.Scope)
-	fps := make([]string, len(sums))
-	for i, ks := range sums {
-		fps[i] = ks.KeyID + ":" + hex.EncodeToString(ks.Sum)
-	}
 	token := uuid.New()
-	recMID, viaBK := id.MessageID, "0"
-	for range 5 {
+	v, recMID, err := follow(id, func(recMID string, viaBK bool) ([]any, error) {
 		rec := k.record(recMID)
-		args := append([]any{id.MessageID, id.BusinessKey, viaBK, strings.Join(fps, " "), token.String(),
+		args := append([]any{id.MessageID, id.BusinessKey, flag(viaBK), recMID, token.String(),
 			ms(ttl), ms(s.cfg.FailedRetention), msg.Source, msg.ReconsumeTimes, s.cfg.MaxAttempts,
 			ms(s.cfg.FailedRetention), ms(s.cfg.FailedRetention)}, s.deadLetterArgs(msg)...)
-		args = append(args, id.Scope, recMID)
-		v, err := claimScript.Run(ctx, s.c, []string{rec, k.bkOrRecord(id.BusinessKey, rec), k.lease(recMID), k.deadLetters()}, args...).Slice()
-		if err != nil {
-			return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: %w", id, err)
+		args = append(args, id.Scope, len(sums))
+		for _, ks := range sums {
+			args = append(args, ks.KeyID+":"+hex.EncodeToString(ks.Sum))
 		}
-		kind, _ := v[0].(string)
-		switch kind {
-		case "BK":
-			recMID, viaBK = v[1].(string), "1"
-			continue
-		case "GONE":
-			recMID, viaBK = id.MessageID, "0"
-			continue
-		case "RUN":
-			l := dedup.Lease{Identity: id, OwnerToken: token, Attempt: int(v[1].(int64)), Fence: v[2].(int64)}
-			return &claimed{lease: l, recordMID: recMID}, dedup.Result{}, nil
-		}
-		res := dedup.Result{Status: dedup.Status(str(v, 1)), Attempts: int(num(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}
-		switch kind {
-		case "DUP":
-			res.Outcome = dedup.OutcomeDuplicate
-		case "HELD":
-			res.Outcome, res.Err = dedup.OutcomeRetry, dedup.ErrLeaseHeld
-		case "CONFLICT":
-			res.Outcome, res.DeadLetterID = dedup.OutcomeConflict, streamID(str(v, 4))
-			res.Err = fmt.Errorf("%w: %s matches record %s by %s with a different payload", dedup.ErrFingerprintConflict, id, recMID, res.MatchedBy)
-		case "EXHAUSTED":
-			res = dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: int(num(v, 1)),
-				MatchedBy: dedup.MatchedBy(str(v, 2)), DeadLetterID: streamID(str(v, 3)),
-				Err: fmt.Errorf("idemq/redisstore: %s: attempts exhausted: the last execution never reported an outcome", id)}
-		default:
-			return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: unexpected reply %v", id, v)
-		}
-		return nil, res, nil
+		keys := []string{rec, k.bkOrRecord(id.BusinessKey, rec), k.lease(recMID), k.deadLetters(), k.conflict(id.MessageID, sums[0].Sum)}
+		return claimScript.Run(ctx, s.c, keys, args...).Slice()
+	})
+	if err != nil {
+		return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: %w", id, err)
 	}
-	return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: the business key's record kept changing", id)
+	switch str(v, 0) {
+	case "RUN":
+		recID := dedup.Identity{Scope: id.Scope, MessageID: str(v, 3), BusinessKey: str(v, 4)}
+		l := dedup.Lease{Identity: id, Record: recID, OwnerToken: token, Attempt: int(num(v, 1)), Fence: num(v, 2)}
+		return &claimed{lease: l, recordMID: recID.MessageID, recordBK: recID.BusinessKey}, dedup.Result{}, nil
+	case "EXHAUSTED":
+		return nil, dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: int(num(v, 1)),
+			MatchedBy: dedup.MatchedBy(str(v, 2)), DeadLetterID: streamID(str(v, 3)),
+			Err: fmt.Errorf("idemq/redisstore: %s: attempts exhausted: the last execution never reported an outcome", id)}, nil
+	}
+	res := dedup.Result{Status: dedup.Status(str(v, 1)), Attempts: int(num(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}
+	switch str(v, 0) {
+	case "DUP":
+		res.Outcome = dedup.OutcomeDuplicate
+	case "HELD":
+		res.Outcome, res.Err = dedup.OutcomeRetry, dedup.ErrLeaseHeld
+	case "CONFLICT":
+		res.Outcome, res.DeadLetterID = dedup.OutcomeConflict, streamID(str(v, 4))
+		res.Err = fmt.Errorf("%w: %s matches record %s by %s with a different payload", dedup.ErrFingerprintConflict, id, recMID, res.MatchedBy)
+	default:
+		return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: unexpected reply %v", id, v)
+	}
+	return nil, res, nil
 }
 
 func str(v []any, i int) string {
@@ -379,7 +410,7 @@ func (s *Store) finish(ctx context.Context, msg *dedup.Message, c *claimed, stat
 	args := append([]any{c.lease.OwnerToken.String(), c.lease.Fence, string(status), ms(ttl), errText, class, reason,
 		ms(s.cfg.FailedRetention)}, s.deadLetterArgs(msg)...)
 	args = append(args, msg.Source, id.Scope, id.MessageID, id.BusinessKey)
-	v, err := finishScript.Run(ctx, s.c, []string{rec, k.bkOrRecord(id.BusinessKey, rec), k.lease(c.recordMID), k.deadLetters()}, args...).Slice()
+	v, err := finishScript.Run(ctx, s.c, []string{rec, k.bkOrRecord(c.recordBK, rec), k.lease(c.recordMID), k.deadLetters()}, args...).Slice()
 	if err != nil {
 		return dedup.Result{}, fmt.Errorf("idemq/redisstore: mark %s %s: %w", id, status, err)
 	}
@@ -399,10 +430,13 @@ func (s *Store) finish(ctx context.Context, msg *dedup.Message, c *claimed, stat
 	return res, nil
 }
 
-// Reject records msg as bad input without running a handler: a
-// FAILED_FINAL record and a dead letter with reason, unless a record of the
-// message ID already ended (then OutcomeDuplicate) or a lease-mode owner
-// holds it (OutcomeRetry). A nil cause becomes an error naming reason.
+// Reject records msg as bad input without running a handler: the record
+// (found by message ID or business key, or created) becomes FAILED_FINAL
+// with a dead letter holding the whole message, unless it already ended
+// (then OutcomeDuplicate) or a live lease holds it (OutcomeRetry with
+// dedup.ErrLeaseHeld). A record created here has no fingerprint, so a later
+// message with the same business key is a conflict, as with dedup.Store. A
+// nil cause becomes an error naming reason.
 func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, cause error) (dedup.Result, error) {
 	if msg == nil {
 		return dedup.Result{}, errors.New("idemq/redisstore: Reject: nil message")
@@ -413,21 +447,28 @@ func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, c
 	ctx = context.WithoutCancel(ctx)
 	id := msg.Identity
 	k := s.keysOf(id.Scope)
-	args := []any{id.MessageID, id.BusinessKey, ms(s.cfg.FailedRetention), pgtext.Clip(cause.Error(), s.cfg.MaxErrorBytes),
-		dedup.ErrorClass(cause), reason, ms(s.cfg.FailedRetention)}
-	args = append(append(args, s.deadLetterArgs(msg)...), msg.Source, id.Scope, msg.ReconsumeTimes)
-	v, err := rejectScript.Run(ctx, s.c, []string{k.record(id.MessageID), k.deadLetters()}, args...).Slice()
+	v, _, err := follow(id, func(recMID string, viaBK bool) ([]any, error) {
+		rec := k.record(recMID)
+		args := []any{id.MessageID, id.BusinessKey, flag(viaBK), recMID, ms(s.cfg.FailedRetention),
+			pgtext.Clip(cause.Error(), s.cfg.MaxErrorBytes), dedup.ErrorClass(cause), reason, ms(s.cfg.FailedRetention)}
+		args = append(append(args, s.deadLetterArgs(msg)...), msg.Source, id.Scope, msg.ReconsumeTimes)
+		keys := []string{rec, k.bkOrRecord(id.BusinessKey, rec), k.lease(recMID), k.deadLetters()}
+		return rejectScript.Run(ctx, s.c, keys, args...).Slice()
+	})
 	if err != nil {
 		return dedup.Result{}, fmt.Errorf("idemq/redisstore: reject %s: %w", id, err)
 	}
 	switch str(v, 0) {
 	case "DUP":
-		return dedup.Result{Outcome: dedup.OutcomeDuplicate, Status: dedup.Status(str(v, 1)), Attempts: int(num(v, 2)), MatchedBy: dedup.ByMessageID}, nil
+		return dedup.Result{Outcome: dedup.OutcomeDuplicate, Status: dedup.Status(str(v, 1)), Attempts: int(num(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}, nil
 	case "HELD":
-		return dedup.Result{Outcome: dedup.OutcomeRetry, Status: dedup.StatusProcessing, Attempts: int(num(v, 2)), Err: dedup.ErrLeaseHeld}, nil
+		return dedup.Result{Outcome: dedup.OutcomeRetry, Status: dedup.StatusProcessing, Attempts: int(num(v, 2)),
+			MatchedBy: dedup.MatchedBy(str(v, 3)), Err: dedup.ErrLeaseHeld}, nil
+	case "DEAD":
+		return dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: int(num(v, 1)),
+			Err: cause, DeadLetterID: streamID(str(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}, nil
 	}
-	return dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: int(num(v, 1)),
-		Err: cause, DeadLetterID: streamID(str(v, 2))}, nil
+	return dedup.Result{}, fmt.Errorf("idemq/redisstore: reject %s: unexpected reply %v", id, v)
 }
 
 // streamID turns a dead-letter stream entry ID "<ms>-<seq>" into the int64

@@ -30,6 +30,7 @@ func TestNewValidates(t *testing.T) {
 		{Client: c, Fingerprinter: fp, SucceededRetention: time.Second},
 		{Client: c, Fingerprinter: fp, SucceededRetention: 48 * time.Hour, FailedRetention: time.Hour},
 		{Client: c, Fingerprinter: fp, MaxErrorBytes: 10},
+		{Client: c, Fingerprinter: fp, Prefix: "app{eu}"},
 	}
 	for i, cfg := range bad {
 		if _, err := New(cfg); !errors.Is(err, ErrInvalidConfig) {
