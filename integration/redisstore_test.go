@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/broker/rocketmqadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
@@ -693,5 +694,49 @@ func TestRedisStoreCompletionFailureIsNotAcked(t *testing.T) {
 	r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "", "x"), func(context.Context, *dedup.Message) error { return nil }, opt)
 	if err != nil || r.Outcome != dedup.OutcomeProcessed || r.Attempts != 2 {
 		t.Fatalf("next copy: %+v, %v; want processed at attempt 2", r, err)
+	}
+}
+
+// RocketMQ in lease mode on the Redis-only store: a handler that fails
+// twice goes through the real %RETRY% topic and succeeds at attempt 3, and
+// a producer re-send (new UNIQ_KEY, same business key) is a duplicate.
+func TestRedisStoreRocketMQRetryTopicAndResend(t *testing.T) {
+	t.Parallel()
+	s := newRedisStore(t, nil)
+	fx := newEffects()
+	group := randomName("it-rs-")
+	topic := rmqTopic(t, "it-rs-", group)
+	var calls atomic.Int64
+	h := func(ctx context.Context, m *dedup.Message) error {
+		if calls.Add(1) <= 2 {
+			return errors.New("provider timeout")
+		}
+		return fx.request(ctx)
+	}
+	obs := &rmqObserver{}
+	rmqPushConsumer(t, rocketmqadapter.Config{
+		Consumer: consumer.Config{Store: s, LeaseHandler: h, Lease: dedup.LeaseOptions{TTL: 5 * time.Second},
+			BusinessKey: rocketmqadapter.BusinessKeyFromKeys},
+		Group: group, Topic: topic, Observe: obs.observe,
+	})
+	p := rmqProducer(t)
+	uniq := rmqSend(t, p, topic, []byte(`{"order":"o-1"}`), "", "o-1")
+	eventually(t, 60*time.Second, "SUCCEEDED", func() bool {
+		r, err := s.Lookup(context.Background(), group, uniq)
+		return err == nil && r.Status == dedup.StatusSucceeded
+	})
+	resend := rmqSend(t, p, topic, []byte(`{"order":"o-1"}`), "", "o-1")
+	eventually(t, 30*time.Second, "the re-send acked as a duplicate", func() bool {
+		for _, o := range obs.all() {
+			if o.d.MessageID == resend && o.res.Outcome == dedup.OutcomeDuplicate && o.res.MatchedBy == dedup.ByBusinessKey {
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(2 * time.Second) // no stray handler runs
+	r, _ := s.Lookup(context.Background(), group, uniq)
+	if r.Attempts != 3 || r.ReconsumeTimes != 2 || calls.Load() != 3 || fx.total() != 1 {
+		t.Fatalf("record attempts %d reconsume %d, handler calls %d, effects %d; want 3 2 3 1", r.Attempts, r.ReconsumeTimes, calls.Load(), fx.total())
 	}
 }

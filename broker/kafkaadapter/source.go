@@ -133,7 +133,10 @@ func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
 		if err == nil {
 			return ToDelivery(m, s.hdr), nil
 		}
-		if ctx.Err() != nil || !fetchRetriable(err) {
+		if cerr := ctx.Err(); cerr != nil {
+			return consumer.Delivery{}, cerr
+		}
+		if !fetchRetriable(err) {
 			return consumer.Delivery{}, err
 		}
 		if b == nil {

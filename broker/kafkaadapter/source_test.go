@@ -100,7 +100,7 @@ func TestFetchStopsRetryingWhenContextEnds(t *testing.T) {
 		errs[i] = kafka.LeaderNotAvailable
 	}
 	fetch, calls := scriptedFetch(kafka.Message{}, errs...)
-	time.AfterFunc(30*time.Millisecond, cancel)
+	time.AfterFunc(200*time.Millisecond, cancel)
 	if _, err := testSource(fetch).Fetch(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Fetch = %v, want context.Canceled", err)
 	}
