@@ -73,8 +73,10 @@ func (f *Fingerprinter) Sum(payload []byte) (sum []byte, keyID string, err error
 
 // KeyedSum is a fingerprint and the ID of the key it was made with.
 type KeyedSum struct {
+	// KeyID is the FingerprintKey.ID the sum was made with.
 	KeyID string
-	Sum   []byte
+	// Sum is the HMAC-SHA256 of the canonical payload (32 bytes).
+	Sum []byte
 }
 
 // SumAll returns the fingerprint of payload under every configured key,
