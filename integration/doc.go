@@ -48,6 +48,8 @@
 // S13 on Redis (TestRedisStoreLeaseTakeoverFencesStaleOwner); S11's claim
 // that must outlive a long handler, kept by the watchdog
 // (TestRedisStoreWatchdogKeepsLongHandler); owners that die holding the
-// lease, bounded by MaxAttempts; shutdown and Redis down; and a Kafka
-// consumer with a full replay (TestRedisStoreKafkaConsumerAppliesOnce).
+// lease, bounded by MaxAttempts; shutdown and Redis down; a Kafka consumer
+// with a full replay (TestRedisStoreKafkaConsumerAppliesOnce); and every
+// script path on a Redis Cluster node started by the test, which refuses
+// keys of different slots (TestRedisStoreOnRedisCluster).
 package integration
