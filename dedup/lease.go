@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
@@ -83,7 +84,9 @@ type LeaseOptions struct {
 	Heartbeat time.Duration
 }
 
-func (o LeaseOptions) withDefaults() LeaseOptions {
+// WithDefaults returns o with its zero fields set to their defaults: TTL
+// 30s, Heartbeat TTL/3.
+func (o LeaseOptions) WithDefaults() LeaseOptions {
 	if o.TTL == 0 {
 		o.TTL = 30 * time.Second
 	}
@@ -98,7 +101,7 @@ func (o LeaseOptions) withDefaults() LeaseOptions {
 // broker would hand the message to another consumer while the lease still
 // blocks it. The error names both numbers and wraps ErrInvalidConfig.
 func (o LeaseOptions) ValidateUnder(brokerTimer time.Duration) error {
-	o = o.withDefaults()
+	o = o.WithDefaults()
 	if o.TTL < time.Second {
 		return fmt.Errorf("%w: lease TTL %s must be at least 1s", ErrInvalidConfig, o.TTL)
 	}
@@ -130,7 +133,7 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler,
 	if msg == nil || h == nil {
 		return Result{}, errors.New("idemq: ProcessLeased: nil message or handler")
 	}
-	opt = opt.withDefaults()
+	opt = opt.WithDefaults()
 	if err := opt.ValidateUnder(0); err != nil {
 		return Result{}, err
 	}
@@ -145,42 +148,122 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler,
 	if err != nil || rowID == 0 {
 		return res, err
 	}
-	msg.Attempt = lease.Attempt
+	marks := &pgLease{s: s, rowID: rowID, lease: lease, msg: msg, sum: sum, ttl: opt.TTL}
+	res, err = RunLease(ctx, msg, lease, h, opt, s.cfg.MaxAttempts, marks, s.cfg.Logger)
+	if err == nil && res.Outcome == OutcomeProcessed {
+		s.fastRemember(ctx, msg.Identity, sum, keyID)
+	}
+	return res, err
+}
 
-	hctx, cancel := context.WithCancelCause(ContextWithLease(ctx, lease))
-	stopBeat := make(chan struct{})
-	beatDone := make(chan struct{})
+// LeaseMarks is the storage side of one claimed lease-mode execution, what
+// RunLease calls to keep the lease and to record the outcome. Every call is
+// a compare-and-set on the lease's owner token and fence: fenced (or held
+// false) means another owner holds the record now. Store implements it on
+// Postgres; dedup/redisstore on Redis.
+type LeaseMarks interface {
+	// Renew extends the lease by its TTL; held is false when another owner
+	// holds the record.
+	Renew(ctx context.Context) (held bool, err error)
+	// Succeed marks the record SUCCEEDED.
+	Succeed(ctx context.Context) (fenced bool, err error)
+	// Fail marks the record status (StatusFailedRetryable, or
+	// StatusFailedFinal with a dead letter for reason) with the handler's
+	// error, and returns the dead letter's ID (0 when none).
+	Fail(ctx context.Context, status Status, reason string, herr error) (deadLetterID int64, fenced bool, err error)
+	// Release gives the lease back without counting the attempt (the
+	// handler was interrupted by a shutdown).
+	Release(ctx context.Context) error
+}
+
+// RunLease runs h for msg under the freshly claimed lease l and records the
+// outcome through marks; it is the part of lease mode that does not depend
+// on the store. msg.Attempt is set to l.Attempt and h's context carries l
+// (LeaseFromContext). While h runs, marks.Renew is called every
+// opt.Heartbeat: a renewal that finds another owner cancels h's context
+// with ErrFenced, and no successful renewal for 90% of opt.TTL cancels it
+// with ErrLeaseExpired. Then:
+//
+//   - fenced during the run: OutcomeFenced (do not ack);
+//   - h returned nil: marks.Succeed, OutcomeProcessed (or OutcomeFenced);
+//   - h failed because ctx ended (a shutdown): marks.Release and an error
+//     (do not ack; the attempt is not counted);
+//   - h failed: marks.Fail with StatusFailedFinal and a dead letter when the
+//     error is Permanent (ReasonPermanentError) or l.Attempt reached
+//     maxAttempts (ReasonAttemptsExhausted), else StatusFailedRetryable
+//     (OutcomeRetry).
+//
+// A panic in h is an error (*PanicError). Marks are made even after ctx
+// ended. A non-nil error means the outcome was not recorded: do not ack.
+func RunLease(ctx context.Context, msg *Message, l Lease, h LeaseHandler, opt LeaseOptions, maxAttempts int, marks LeaseMarks, log *slog.Logger) (Result, error) {
+	opt = opt.WithDefaults()
+	msg.Attempt = l.Attempt
+	hctx, cancel := context.WithCancelCause(ContextWithLease(ctx, l))
+	stop := make(chan struct{})
+	watchDone := make(chan struct{})
 	go func() {
-		defer close(beatDone)
-		s.heartbeat(hctx, cancel, rowID, lease, opt, stopBeat)
+		defer close(watchDone)
+		warn := func(err error) { log.Warn("idemq: lease renewal failed", "identity", l.Identity.String(), "err", err) }
+		switch leasewatch.Keep(hctx, opt.TTL, opt.Heartbeat, stop, marks.Renew, warn) {
+		case leasewatch.Fenced:
+			cancel(ErrFenced)
+		case leasewatch.Expired:
+			cancel(ErrLeaseExpired)
+		}
 	}()
 	herr := runLeased(hctx, msg, h)
-	close(stopBeat)
-	<-beatDone
-	lost := errors.Is(context.Cause(hctx), ErrFenced)
+	close(stop)
+	<-watchDone
+	fenced := errors.Is(context.Cause(hctx), ErrFenced)
 	cancel(nil)
 
-	res = Result{HandlerCalled: true, Attempts: lease.Attempt}
-	if lost {
+	res := Result{HandlerCalled: true, Attempts: l.Attempt}
+	fence := func() (Result, error) {
 		res.Outcome, res.Err, res.Status = OutcomeFenced, ErrFenced, StatusProcessing
 		return res, nil
 	}
+	if fenced {
+		return fence()
+	}
+	mctx := context.WithoutCancel(ctx) // the mark must land even during shutdown
 	if herr == nil {
-		res, err := s.completeLease(ctx, rowID, lease, res)
-		if err == nil && res.Outcome == OutcomeProcessed {
-			s.fastRemember(ctx, msg.Identity, sum, keyID)
+		lost, err := marks.Succeed(mctx)
+		if err != nil {
+			return Result{}, fmt.Errorf("idemq: lease complete %s: %w", l.Identity, err)
 		}
-		return res, err
+		if lost {
+			return fence()
+		}
+		res.Outcome, res.Status = OutcomeProcessed, StatusSucceeded
+		return res, nil
 	}
 	if ctx.Err() != nil {
 		// A shutdown is not the message's fault: give the lease back without
 		// counting the attempt, and do not ack.
-		if _, rerr := s.pool.Exec(context.WithoutCancel(ctx), s.q.leaseReleaseSQL, rowID, lease.OwnerToken, lease.Fence); rerr != nil {
-			s.cfg.Logger.Warn("idemq: release lease", "identity", lease.Identity.String(), "err", rerr)
+		if rerr := marks.Release(mctx); rerr != nil {
+			log.Warn("idemq: release lease", "identity", l.Identity.String(), "err", rerr)
 		}
 		return Result{}, fmt.Errorf("idemq: handler interrupted: %w", errors.Join(ctx.Err(), herr))
 	}
-	return s.failLease(ctx, msg, sum, rowID, lease, herr, res)
+	status, reason := StatusFailedRetryable, ""
+	switch {
+	case IsPermanent(herr):
+		status, reason = StatusFailedFinal, ReasonPermanentError
+	case l.Attempt >= maxAttempts:
+		status, reason = StatusFailedFinal, ReasonAttemptsExhausted
+	}
+	dlID, lost, err := marks.Fail(mctx, status, reason, herr)
+	if err != nil {
+		return Result{}, fmt.Errorf("idemq: lease mark %s %s: %w", status, l.Identity, err)
+	}
+	if lost {
+		return fence()
+	}
+	res.Err, res.Status, res.Outcome, res.DeadLetterID = herr, status, OutcomeRetry, dlID
+	if status == StatusFailedFinal {
+		res.Outcome = OutcomeDeadLetter
+	}
+	return res, nil
 }
 
 func runLeased(ctx context.Context, msg *Message, h LeaseHandler) (err error) {
@@ -240,68 +323,49 @@ func (s *Store) claimLease(ctx context.Context, msg *Message, sum []byte, keyID 
 	return lease, rowID, Result{}, commit(ctx, tx)
 }
 
-// heartbeat extends the lease every opt.Heartbeat until stop. When the lease
-// is found taken over it cancels the handler's context with ErrFenced; when
-// no extension succeeded for 90% of the TTL (heartbeats failing, or disabled)
-// it cancels it with ErrLeaseExpired.
-func (s *Store) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, rowID int64, l Lease, opt LeaseOptions, stop <-chan struct{}) {
-	renew := func(ctx context.Context) (bool, error) {
-		tag, err := s.pool.Exec(ctx, s.q.leaseBeatSQL, rowID, l.OwnerToken, l.Fence, opt.TTL.Seconds())
-		return err == nil && tag.RowsAffected() > 0, err
-	}
-	warn := func(err error) {
-		s.cfg.Logger.Warn("idemq: lease heartbeat failed", "identity", l.Identity.String(), "err", err)
-	}
-	switch leasewatch.Keep(ctx, opt.TTL, opt.Heartbeat, stop, renew, warn) {
-	case leasewatch.Fenced:
-		cancel(ErrFenced)
-	case leasewatch.Expired:
-		cancel(ErrLeaseExpired)
-	}
+// pgLease is LeaseMarks on the Postgres record rowID.
+type pgLease struct {
+	s     *Store
+	rowID int64
+	lease Lease
+	msg   *Message
+	sum   []byte
+	ttl   time.Duration
 }
 
-func (s *Store) completeLease(ctx context.Context, rowID int64, l Lease, res Result) (Result, error) {
-	ctx = context.WithoutCancel(ctx)
-	tag, err := s.pool.Exec(ctx, s.q.leaseDoneSQL, rowID, l.OwnerToken, l.Fence, *s.expiry(StatusSucceeded))
-	if err != nil {
-		return Result{}, fmt.Errorf("idemq: lease complete %s: %w", l.Identity, err)
-	}
-	if tag.RowsAffected() == 0 {
-		res.Outcome, res.Err, res.Status = OutcomeFenced, ErrFenced, StatusProcessing
-		return res, nil
-	}
-	res.Outcome, res.Status = OutcomeProcessed, StatusSucceeded
-	return res, nil
+func (p *pgLease) Renew(ctx context.Context) (bool, error) {
+	tag, err := p.s.pool.Exec(ctx, p.s.q.leaseBeatSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, p.ttl.Seconds())
+	return err == nil && tag.RowsAffected() > 0, err
 }
 
-func (s *Store) failLease(ctx context.Context, msg *Message, sum []byte, rowID int64, l Lease, herr error, res Result) (Result, error) {
-	ctx = context.WithoutCancel(ctx)
-	status := StatusFailedRetryable
-	reason := ReasonAttemptsExhausted
-	if IsPermanent(herr) {
-		status, reason = StatusFailedFinal, ReasonPermanentError
-	} else if l.Attempt >= s.cfg.MaxAttempts {
-		status = StatusFailedFinal
-	}
-	res.Err, res.Status, res.Outcome = herr, status, OutcomeRetry
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, s.q.leaseFailSQL, rowID, l.OwnerToken, l.Fence, string(status),
+func (p *pgLease) Succeed(ctx context.Context) (bool, error) {
+	tag, err := p.s.pool.Exec(ctx, p.s.q.leaseDoneSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, *p.s.expiry(StatusSucceeded))
+	return err == nil && tag.RowsAffected() == 0, err
+}
+
+func (p *pgLease) Release(ctx context.Context) error {
+	_, err := p.s.pool.Exec(ctx, p.s.q.leaseReleaseSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence)
+	return err
+}
+
+// Fail writes the mark and, for a final failure, the dead letter in one
+// transaction.
+func (p *pgLease) Fail(ctx context.Context, status Status, reason string, herr error) (dlID int64, fenced bool, err error) {
+	s := p.s
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, s.q.leaseFailSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, string(status),
 			clip(herr.Error(), s.cfg.MaxErrorBytes), ErrorClass(herr), s.expiry(status))
 		if err != nil {
 			return err
 		}
 		if tag.RowsAffected() == 0 {
-			res.Outcome, res.Err, res.Status = OutcomeFenced, ErrFenced, StatusProcessing
+			fenced = true
 			return nil
 		}
 		if status == StatusFailedFinal {
-			res.Outcome = OutcomeDeadLetter
-			res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, herr, l.Attempt, s.cfg.MaxErrorBytes)
+			dlID, err = s.q.insertDeadLetter(ctx, tx, p.msg, p.sum, reason, herr, p.lease.Attempt, s.cfg.MaxErrorBytes)
 		}
 		return err
 	})
-	if err != nil {
-		return Result{}, fmt.Errorf("idemq: lease mark failed %s: %w", l.Identity, err)
-	}
-	return res, nil
+	return dlID, fenced, err
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -24,7 +23,7 @@ func startRedisCluster(t *testing.T) *redis.ClusterClient {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		if os.Getenv("CI") != "" || os.Getenv("TEST_REQUIRE_BROKERS") != "" {
+		if servicesRequired() {
 			t.Fatalf("redis-server not found (scripts/services.sh up installs it): %v", err)
 		}
 		t.Skip("redis-server not found; run `make services-up`")

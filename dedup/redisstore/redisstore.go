@@ -14,7 +14,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/leasewatch"
 	"github.com/idemq/idemq/internal/pgtext"
 	"github.com/redis/go-redis/v9"
 )
@@ -188,7 +187,7 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *dedup.Message, h dedup.L
 	if msg == nil || h == nil {
 		return dedup.Result{}, errors.New("idemq/redisstore: ProcessLeased: nil message or handler")
 	}
-	opt = withLeaseDefaults(opt)
+	opt = opt.WithDefaults()
 	if err := opt.ValidateUnder(0); err != nil {
 		return dedup.Result{}, err
 	}
@@ -200,64 +199,7 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *dedup.Message, h dedup.L
 	if err != nil || c == nil {
 		return res, err
 	}
-	msg.Attempt = c.lease.Attempt
-
-	hctx, cancel := context.WithCancelCause(dedup.ContextWithLease(ctx, c.lease))
-	stop := make(chan struct{})
-	beatDone := make(chan struct{})
-	go func() {
-		defer close(beatDone)
-		s.watchdog(hctx, cancel, c, opt, stop)
-	}()
-	herr := runLeased(hctx, msg, h)
-	close(stop)
-	<-beatDone
-	fenced := errors.Is(context.Cause(hctx), dedup.ErrFenced)
-	cancel(nil)
-
-	res = dedup.Result{HandlerCalled: true, Attempts: c.lease.Attempt}
-	if fenced {
-		res.Outcome, res.Err, res.Status = dedup.OutcomeFenced, dedup.ErrFenced, dedup.StatusProcessing
-		return res, nil
-	}
-	if herr == nil {
-		return s.finish(ctx, msg, c, dedup.StatusSucceeded, nil, "", res)
-	}
-	if ctx.Err() != nil {
-		// A shutdown is not the message's fault: give the lease back
-		// without counting the attempt, and do not ack.
-		if _, rerr := s.finish(ctx, msg, c, "RELEASE", nil, "", res); rerr != nil {
-			s.cfg.Logger.Warn("idemq: release lease", "identity", c.lease.Identity.String(), "err", rerr)
-		}
-		return dedup.Result{}, fmt.Errorf("idemq/redisstore: handler interrupted: %w", errors.Join(ctx.Err(), herr))
-	}
-	status, reason := dedup.StatusFailedRetryable, ""
-	switch {
-	case dedup.IsPermanent(herr):
-		status, reason = dedup.StatusFailedFinal, dedup.ReasonPermanentError
-	case c.lease.Attempt >= s.cfg.MaxAttempts:
-		status, reason = dedup.StatusFailedFinal, dedup.ReasonAttemptsExhausted
-	}
-	return s.finish(ctx, msg, c, status, herr, reason, res)
-}
-
-func withLeaseDefaults(o dedup.LeaseOptions) dedup.LeaseOptions {
-	if o.TTL == 0 {
-		o.TTL = 30 * time.Second
-	}
-	if o.Heartbeat == 0 {
-		o.Heartbeat = o.TTL / 3
-	}
-	return o
-}
-
-func runLeased(ctx context.Context, msg *dedup.Message, h dedup.LeaseHandler) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &dedup.PanicError{Value: v}
-		}
-	}()
-	return h(ctx, msg)
+	return dedup.RunLease(ctx, msg, c.lease, h, opt, s.cfg.MaxAttempts, &redisLease{s: s, msg: msg, c: c, ttl: opt.TTL}, s.cfg.Logger)
 }
 
 // claimed is a claim this execution holds.
@@ -372,62 +314,57 @@ func num(v []any, i int) int64 {
 	return 0
 }
 
-// watchdog renews the lease every opt.Heartbeat until stop (see
-// ProcessLeased).
-func (s *Store) watchdog(ctx context.Context, cancel context.CancelCauseFunc, c *claimed, opt dedup.LeaseOptions, stop <-chan struct{}) {
-	k := s.keysOf(c.lease.Identity.Scope)
-	renew := func(ctx context.Context) (bool, error) {
-		ok, err := renewScript.Run(ctx, s.c, []string{k.record(c.recordMID), k.lease(c.recordMID)},
-			c.lease.OwnerToken.String(), c.lease.Fence, ms(opt.TTL)).Int()
-		return ok == 1, err
-	}
-	warn := func(err error) {
-		s.cfg.Logger.Warn("idemq: lease renewal failed", "identity", c.lease.Identity.String(), "err", err)
-	}
-	switch leasewatch.Keep(ctx, opt.TTL, opt.Heartbeat, stop, renew, warn) {
-	case leasewatch.Fenced:
-		cancel(dedup.ErrFenced)
-	case leasewatch.Expired:
-		cancel(dedup.ErrLeaseExpired)
-	}
+// redisLease is dedup.LeaseMarks on the record of claim c.
+type redisLease struct {
+	s   *Store
+	msg *dedup.Message
+	c   *claimed
+	ttl time.Duration
 }
 
-// finish records an execution's outcome with finishScript (status
-// "RELEASE": give the lease back).
-func (s *Store) finish(ctx context.Context, msg *dedup.Message, c *claimed, status dedup.Status, herr error, reason string, res dedup.Result) (dedup.Result, error) {
-	ctx = context.WithoutCancel(ctx) // the mark must land even during shutdown
-	id := msg.Identity
+func (r *redisLease) Renew(ctx context.Context) (bool, error) {
+	k := r.s.keysOf(r.c.lease.Identity.Scope)
+	ok, err := renewScript.Run(ctx, r.s.c, []string{k.record(r.c.recordMID), k.lease(r.c.recordMID)},
+		r.c.lease.OwnerToken.String(), r.c.lease.Fence, ms(r.ttl)).Int()
+	return ok == 1, err
+}
+
+func (r *redisLease) Succeed(ctx context.Context) (bool, error) {
+	_, fenced, err := r.finish(ctx, string(dedup.StatusSucceeded), nil, "")
+	return fenced, err
+}
+
+func (r *redisLease) Release(ctx context.Context) error {
+	_, _, err := r.finish(ctx, "RELEASE", nil, "")
+	return err
+}
+
+func (r *redisLease) Fail(ctx context.Context, status dedup.Status, reason string, herr error) (int64, bool, error) {
+	return r.finish(ctx, string(status), herr, reason)
+}
+
+// finish runs finishScript: status is a record status, or "RELEASE" (give
+// the lease back); a dead letter is written when reason is not "".
+func (r *redisLease) finish(ctx context.Context, status string, herr error, reason string) (dlID int64, fenced bool, err error) {
+	s, id := r.s, r.msg.Identity
 	k := s.keysOf(id.Scope)
-	rec := k.record(c.recordMID)
+	rec := k.record(r.c.recordMID)
 	ttl := s.cfg.FailedRetention
-	if status == dedup.StatusSucceeded {
+	if status == string(dedup.StatusSucceeded) {
 		ttl = s.cfg.SucceededRetention
 	}
 	errText, class := "", ""
 	if herr != nil {
 		errText, class = pgtext.Clip(herr.Error(), s.cfg.MaxErrorBytes), dedup.ErrorClass(herr)
 	}
-	args := append([]any{c.lease.OwnerToken.String(), c.lease.Fence, string(status), ms(ttl), errText, class, reason,
-		ms(s.cfg.FailedRetention)}, s.deadLetterArgs(msg)...)
-	args = append(args, msg.Source, id.Scope, id.MessageID, id.BusinessKey)
-	v, err := finishScript.Run(ctx, s.c, []string{rec, k.bkOrRecord(c.recordBK, rec), k.lease(c.recordMID), k.deadLetters()}, args...).Slice()
+	args := append([]any{r.c.lease.OwnerToken.String(), r.c.lease.Fence, status, ms(ttl), errText, class, reason,
+		ms(s.cfg.FailedRetention)}, s.deadLetterArgs(r.msg)...)
+	args = append(args, r.msg.Source, id.Scope, id.MessageID, id.BusinessKey)
+	v, err := finishScript.Run(ctx, s.c, []string{rec, k.bkOrRecord(r.c.recordBK, rec), k.lease(r.c.recordMID), k.deadLetters()}, args...).Slice()
 	if err != nil {
-		return dedup.Result{}, fmt.Errorf("idemq/redisstore: mark %s %s: %w", id, status, err)
+		return 0, false, err
 	}
-	if num(v, 0) == 0 {
-		res.Outcome, res.Err, res.Status = dedup.OutcomeFenced, dedup.ErrFenced, dedup.StatusProcessing
-		return res, nil
-	}
-	res.Status, res.Err = status, herr
-	switch status {
-	case dedup.StatusSucceeded:
-		res.Outcome = dedup.OutcomeProcessed
-	case dedup.StatusFailedRetryable:
-		res.Outcome = dedup.OutcomeRetry
-	case dedup.StatusFailedFinal:
-		res.Outcome, res.DeadLetterID = dedup.OutcomeDeadLetter, streamID(str(v, 1))
-	}
-	return res, nil
+	return streamID(str(v, 1)), num(v, 0) == 0, nil
 }
 
 // Reject records msg as bad input without running a handler: the record
