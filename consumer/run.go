@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/idemq/idemq/internal/grace"
 )
 
 // Run pulls deliveries from src and handles them until ctx ends, then shuts
@@ -27,13 +29,8 @@ func (c *Consumer) Run(parent context.Context, src Source) error {
 	ctx, cancelRun := context.WithCancel(parent)
 	defer cancelRun()
 	// work outlives ctx by ShutdownGrace so in-flight handlers can finish.
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stopGrace := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(c.cfg.ShutdownGrace, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
-	defer stopGrace()
+	work, release := grace.Work(ctx, c.cfg.ShutdownGrace)
+	defer release()
 
 	com := newCommitter(src, c.cfg.CommitEvery, c.cfg.CommitInterval, c.log)
 	comDone := make(chan struct{})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/google/uuid"
+	"github.com/idemq/idemq/internal/grace"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -106,13 +107,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 
 	// work outlives ctx by ShutdownGrace so in-flight batches can finish.
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stopGrace := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(r.cfg.ShutdownGrace, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
-	defer stopGrace()
+	work, release := grace.Work(ctx, r.cfg.ShutdownGrace)
+	defer release()
 
 	r.wakeMu.Lock()
 	r.wakes = make([]chan struct{}, r.cfg.Workers)

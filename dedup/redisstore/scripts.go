@@ -23,6 +23,29 @@ local function index(recmid, ttl)
 end
 `
 
+// routing is shared by claimScript and rejectScript, whose KEYS[1..2] and
+// ARGV[1..4] mean the same (record, business-key index; message ID,
+// business key, "1" when the record was reached through the business key,
+// that record's message ID). route() is called when the record does not
+// exist and says where to look instead: {"GONE"} when the record the
+// business key pointed to expired (its stale index is dropped: call again as
+// a new delivery), {"BK", message ID} when the business key belongs to
+// another message's record (call again on it), nil to go on with a new
+// record.
+const routing = `
+local function route()
+  if ARGV[3] == '1' then
+    if redis.call('GET', KEYS[2]) == ARGV[4] then redis.call('DEL', KEYS[2]) end
+    return {'GONE'}
+  end
+  if ARGV[2] ~= '' then
+    local other = redis.call('GET', KEYS[2])
+    if other and other ~= ARGV[1] then return {'BK', other} end
+  end
+  return nil
+end
+`
+
 // claimScript decides one delivery.
 //
 // KEYS: 1 record (of the delivery's message ID, or of the message ID its
@@ -45,9 +68,9 @@ end
 // {"HELD"|"DUP", status, attempts, matched}; {"CONFLICT", status, attempts,
 // matched, dead-letter ID or ""}; {"EXHAUSTED", attempts, matched,
 // dead-letter ID}.
-var claimScript = redis.NewScript(prelude + `
+var claimScript = redis.NewScript(prelude + routing + `
 local rec, bki, lease, dl = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local mid, bk, viaBK = ARGV[1], ARGV[2], ARGV[3] == '1'
+local mid, bk = ARGV[1], ARGV[2]
 local nfp = tonumber(ARGV[18])
 local function deadletter(recmid, reason, err, attempts)
   return redis.call('XADD', dl, 'MINID', '~', string.format('%d', now - tonumber(ARGV[12])), '*',
@@ -57,15 +80,8 @@ local function deadletter(recmid, reason, err, attempts)
 end
 local st = redis.call('HGET', rec, 'status')
 if not st then
-  if viaBK then
-    -- The business key's record expired before its index: drop the index.
-    if redis.call('GET', bki) == ARGV[4] then redis.call('DEL', bki) end
-    return {'GONE'}
-  end
-  if bk ~= '' then
-    local other = redis.call('GET', bki)
-    if other and other ~= mid then return {'BK', other} end
-  end
+  local elsewhere = route()
+  if elsewhere then return elsewhere end
   redis.call('HSET', rec, 'scope', ARGV[17], 'message_id', mid, 'business_key', bk, 'status', 'PROCESSING',
     'attempts', 1, 'fence', 1, 'owner', ARGV[5], 'fingerprint', ARGV[19], 'source', ARGV[8],
     'reconsume_times', ARGV[9], 'created_ms', now, 'updated_ms', now)
@@ -186,22 +202,16 @@ return {1, id}
 // JSON, 14 source, 15 scope, 16 reconsume times. Replies {"BK", message ID},
 // {"GONE"} as claimScript; {"DUP"|"HELD", status, attempts, matched};
 // {"DEAD", attempts, dead-letter ID, matched}.
-var rejectScript = redis.NewScript(prelude + `
+var rejectScript = redis.NewScript(prelude + routing + `
 local rec, bki, lease, dl = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local mid, bk, viaBK = ARGV[1], ARGV[2], ARGV[3] == '1'
+local mid, bk = ARGV[1], ARGV[2]
 local r = redis.call('HMGET', rec, 'status', 'attempts', 'message_id', 'business_key')
 local st, attempts, recmid, recbk = r[1], tonumber(r[2] or '0'), r[3] or mid, r[4] or ''
 local matched = 'message_id'
 if recmid ~= mid then matched = 'business_key' end
 if not st then
-  if viaBK then
-    if redis.call('GET', bki) == ARGV[4] then redis.call('DEL', bki) end
-    return {'GONE'}
-  end
-  if bk ~= '' then
-    local other = redis.call('GET', bki)
-    if other and other ~= mid then return {'BK', other} end
-  end
+  local elsewhere = route()
+  if elsewhere then return elsewhere end
   redis.call('HSET', rec, 'scope', ARGV[15], 'message_id', mid, 'business_key', bk, 'attempts', 0,
     'fence', 0, 'fingerprint', '', 'created_ms', now)
   recbk = bk
