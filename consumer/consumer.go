@@ -203,20 +203,18 @@ func (c *Consumer) prepare(d Delivery) (msg *dedup.Message, reject, err error) {
 	if msg.Source == "" {
 		msg.Source = d.Position
 	}
-	var bk string
-	if c.cfg.BusinessKey != nil {
-		// The extractor may look at the scope and message ID already.
-		msg.Identity, _ = dedup.NewIdentity(c.cfg.Scope, d.MessageID, d.Position, "")
-		var bkErr error
-		if bk, bkErr = c.extract(msg); bkErr != nil {
-			reject = fmt.Errorf("business key: %w", bkErr)
-			bk = ""
-		}
-	}
-	if msg.Identity, err = dedup.NewIdentity(c.cfg.Scope, d.MessageID, d.Position, bk); err != nil {
+	if msg.Identity, err = dedup.NewIdentity(c.cfg.Scope, d.MessageID, d.Position, ""); err != nil {
 		return nil, nil, fmt.Errorf("idemq/consumer: identity: %w", err)
 	}
-	return msg, reject, nil
+	if c.cfg.BusinessKey != nil {
+		// The extractor may look at the scope and message ID already.
+		bk, bkErr := c.extract(msg)
+		if bkErr != nil {
+			return msg, fmt.Errorf("business key: %w", bkErr), nil
+		}
+		msg.Identity.BusinessKey = dedup.NormalizeKey(bk)
+	}
+	return msg, nil, nil
 }
 
 func (c *Consumer) extract(msg *dedup.Message) (bk string, err error) {
@@ -230,6 +228,13 @@ func (c *Consumer) extract(msg *dedup.Message) (bk string, err error) {
 
 func (c *Consumer) report(msg *dedup.Message, res dedup.Result) {
 	c.cfg.Metrics.Delivery(c.cfg.Scope, res.Outcome, res.MatchedBy)
+	level := slog.LevelWarn
+	if res.Outcome == dedup.OutcomeProcessed || res.Outcome == dedup.OutcomeDuplicate {
+		level = slog.LevelDebug
+	}
+	if !c.log.Enabled(context.Background(), level) {
+		return // no log line: skip building its attributes (every delivery passes here)
+	}
 	attrs := []any{"outcome", res.Outcome, "message_id", msg.Identity.MessageID, "business_key", msg.Identity.BusinessKey,
 		"source", msg.Source, "attempts", res.Attempts, "record_status", res.Status}
 	switch res.Outcome {
