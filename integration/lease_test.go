@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -246,19 +247,27 @@ func TestS14ClockSkewUsesDatabaseTime(t *testing.T) {
 func TestLeaseTakeoverByBusinessKeyKeepsIdempotencyKey(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
+	takeoverByBusinessKeyKeepsIdempotencyKey(t, e.ctx, e.store)
+}
+
+// takeoverByBusinessKeyKeepsIdempotencyKey: m-1 (business key pay-1) fails
+// after its side effect; m-2, a re-send with the same business key, takes
+// the record over and must send the provider m-1's idempotency key.
+func takeoverByBusinessKeyKeepsIdempotencyKey(t *testing.T, ctx context.Context, st consumer.Store) {
+	t.Helper()
 	var keys []string
-	h := func(ctx context.Context, m *dedup.Message) error {
-		l, _ := dedup.LeaseFromContext(ctx)
+	h := func(hctx context.Context, m *dedup.Message) error {
+		l, _ := dedup.LeaseFromContext(hctx)
 		keys = append(keys, l.IdempotencyKey())
 		if m.Identity.MessageID == "m-1" {
 			return errors.New("provider timed out after charging")
 		}
 		return nil
 	}
-	if r, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-1", "pay-1", "x"), h, dedup.LeaseOptions{}); err != nil || r.Outcome != dedup.OutcomeRetry {
+	if r, err := st.ProcessLeased(ctx, msg(t, "billing", "m-1", "pay-1", "x"), h, dedup.LeaseOptions{}); err != nil || r.Outcome != dedup.OutcomeRetry {
 		t.Fatalf("m-1: %+v, %v", r, err)
 	}
-	r, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-2", "pay-1", "x"), h, dedup.LeaseOptions{})
+	r, err := st.ProcessLeased(ctx, msg(t, "billing", "m-2", "pay-1", "x"), h, dedup.LeaseOptions{})
 	if err != nil || r.Outcome != dedup.OutcomeProcessed || r.Attempts != 2 {
 		t.Fatalf("m-2 (same business key): %+v, %v; want processed as attempt 2 of m-1's record", r, err)
 	}

@@ -488,25 +488,7 @@ func TestRedisStoreTakeoverByBusinessKeyKeepsIdempotencyKey(t *testing.T) {
 	t.Parallel()
 	s := newRedisStore(t, nil)
 	ctx := context.Background()
-	var keys []string
-	h := func(hctx context.Context, m *dedup.Message) error {
-		l, _ := dedup.LeaseFromContext(hctx)
-		keys = append(keys, l.IdempotencyKey())
-		if m.Identity.MessageID == "m-1" {
-			return errors.New("provider timed out after charging")
-		}
-		return nil
-	}
-	if r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "pay-1", "x"), h, dedup.LeaseOptions{}); err != nil || r.Outcome != dedup.OutcomeRetry {
-		t.Fatalf("m-1: %+v, %v", r, err)
-	}
-	r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-2", "pay-1", "x"), h, dedup.LeaseOptions{})
-	if err != nil || r.Outcome != dedup.OutcomeProcessed || r.Attempts != 2 {
-		t.Fatalf("m-2 (same business key): %+v, %v; want processed as attempt 2 of m-1's record", r, err)
-	}
-	if len(keys) != 2 || keys[0] != keys[1] || keys[0] != "billing/m-1/pay-1" {
-		t.Fatalf("idempotency keys %q; want both billing/m-1/pay-1", keys)
-	}
+	takeoverByBusinessKeyKeepsIdempotencyKey(t, ctx, s)
 	if rec, _ := s.Lookup(ctx, "billing", "m-1"); rec.Status != dedup.StatusSucceeded || rec.Fence != 2 {
 		t.Fatalf("m-1's record = %+v", rec)
 	}
