@@ -78,7 +78,7 @@ func (a *app) migrate(ctx context.Context) error {
 create table if not exists `+a.s+`.orders (
   n bigint generated always as identity primary key,
   order_id text not null, amount_cents bigint not null, confirmed_at timestamptz not null default now(),
-  confirmation_id uuid not null);
+  confirmation_id uuid not null, confirmed_by text not null default '');
 create table if not exists `+a.s+`.shipments (
   n bigint generated always as identity primary key,
   order_id text not null, confirmation_message_id text not null, shipped_at timestamptz not null default now())`)
@@ -87,8 +87,9 @@ create table if not exists `+a.s+`.shipments (
 
 // confirm is the confirmer's handler: the order row and the order.confirmed
 // outbox row go into the transaction idemq hands it, beside the consumption
-// record.
-func (a *app) confirm(outTopic string) dedup.Handler {
+// record. The row names the process that committed it (instance), so the
+// demo counts each process's work from the table, never from timing.
+func (a *app) confirm(outTopic, instance string) dedup.Handler {
 	return func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 		var o Order
 		if err := json.Unmarshal(m.Payload, &o); err != nil || o.OrderID == "" {
@@ -105,8 +106,8 @@ func (a *app) confirm(outTopic string) dedup.Handler {
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `insert into `+a.s+`.orders (order_id, amount_cents, confirmation_id) values ($1, $2, $3)`,
-			o.OrderID, o.AmountCents, id)
+		_, err = tx.Exec(ctx, `insert into `+a.s+`.orders (order_id, amount_cents, confirmation_id, confirmed_by) values ($1, $2, $3, $4)`,
+			o.OrderID, o.AmountCents, id, instance)
 		return err
 	}
 }
@@ -155,7 +156,7 @@ func writeEvent(path string, s stats) error {
 	if path == "" {
 		return nil
 	}
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
@@ -214,8 +215,9 @@ func runConfirm(ctx context.Context, args []string) error {
 	c.register(fs)
 	group := fs.String("group", "confirmer", "consumer group (and dedup scope)")
 	crashAfter := fs.Int("crash-after", 0, "SIGKILL this process after N committed deliveries, before acking them (0: never)")
+	instance := fs.String("instance", "confirmer", "name written to orders.confirmed_by for the rows this process commits")
 	_ = fs.Parse(args)
-	return consume(ctx, &c, "confirmer", *group, c.ordersTopic, func(a *app) dedup.Handler { return a.confirm(c.outTopic) }, *crashAfter)
+	return consume(ctx, &c, "confirmer", *group, c.ordersTopic, func(a *app) dedup.Handler { return a.confirm(c.outTopic, *instance) }, *crashAfter)
 }
 
 func runShip(ctx context.Context, args []string) error {
@@ -244,11 +246,11 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer pub.Close()
+	defer func() { _ = pub.Close() }()
 	cfg := outbox.RelayConfig{Name: *name, PollInterval: 250 * time.Millisecond,
 		RetryInitial: 200 * time.Millisecond, RetryMax: 2 * time.Second}
 	if *crash {
-		cfg.Hooks.AfterPublish = func(ctx context.Context, tx pgx.Tx, published []outbox.Envelope) error {
+		cfg.Hooks.AfterPublish = func(_ context.Context, _ pgx.Tx, published []outbox.Envelope) error {
 			ids := make([]string, len(published))
 			for i, e := range published {
 				ids[i] = e.ID.String()

@@ -47,7 +47,7 @@ func openEvents(path string) (*events, error) {
 	if path == "" {
 		return &events{}, nil
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	return &events{f: f}, err
 }
 
@@ -221,7 +221,7 @@ func runConsume(ctx context.Context, args []string) error {
 	cfg := dedup.Config{Schema: *schema, Fingerprinter: fp, MaxAttempts: *maxAttempts, Logger: log}
 	if *redisAddr != "" {
 		rc := redis.NewClient(&redis.Options{Addr: *redisAddr})
-		defer rc.Close()
+		defer func() { _ = rc.Close() }()
 		if cfg.FastPath, err = redisfast.New(redisfast.Config{Client: rc, Prefix: *redisPrefix}); err != nil {
 			return err
 		}
@@ -254,7 +254,7 @@ func runConsume(ctx context.Context, args []string) error {
 // hand-written consumer.
 func consumeNaive(ctx context.Context, pool *pgxpool.Pool, schema string, rc kafka.ReaderConfig, commitEvery int, crash *crasher, ev *events) error {
 	r := kafka.NewReader(rc)
-	defer r.Close()
+	defer func() { _ = r.Close() }()
 	var pending []kafka.Message
 	for {
 		fctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)

@@ -75,7 +75,7 @@ func runDemo(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 
 	pool, err := pgxpool.New(ctx, ep.dsn)
 	if err != nil {
@@ -121,7 +121,7 @@ func runDemo(ctx context.Context, args []string) error {
 func produce(ctx context.Context, brokers []string, topic string, msgs []streamMsg) error {
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll, BatchTimeout: 10 * time.Millisecond}
-	defer w.Close()
+	defer func() { _ = w.Close() }()
 	for _, m := range msgs {
 		b, _ := json.Marshal(m.p)
 		if err := w.WriteMessages(ctx, kafka.Message{Key: []byte(m.p.Account), Value: b,
@@ -139,7 +139,7 @@ type side struct {
 	procs               int
 }
 
-func (sd *side) command(ctx context.Context, ep endpoints, topic, schema string, crashAfter int) *exec.Cmd {
+func (sd *side) command(ep endpoints, topic, schema string, crashAfter int) *exec.Cmd {
 	self, _ := os.Executable()
 	cmd := exec.Command(self, "consume", "-mode", sd.mode, "-topic", topic, "-group", sd.group,
 		"-schema", schema, "-brokers", strings.Join(ep.brokers, ","), "-dsn", ep.dsn,
@@ -153,7 +153,7 @@ func (sd *side) command(ctx context.Context, ep endpoints, topic, schema string,
 // deliveries, restarts it in the same group, waits until the group has
 // committed the whole topic, then stops it with SIGTERM.
 func (sd *side) run(ctx context.Context, ep endpoints, topic, schema string, crashAfter int) error {
-	first := sd.command(ctx, ep, topic, schema, crashAfter)
+	first := sd.command(ep, topic, schema, crashAfter)
 	fmt.Printf("[%s] consumer process 1 started; it will be SIGKILLed after %d committed deliveries\n", sd.mode, crashAfter)
 	if err := first.Start(); err != nil {
 		return err
@@ -179,7 +179,7 @@ func (sd *side) run(ctx context.Context, ep endpoints, topic, schema string, cra
 	}
 	fmt.Printf("[%s] process 1 died of SIGKILL; restarting in group %s\n", sd.mode, sd.group)
 
-	second := sd.command(ctx, ep, topic, schema, 0)
+	second := sd.command(ep, topic, schema, 0)
 	if err := second.Start(); err != nil {
 		return err
 	}
@@ -212,7 +212,7 @@ func tally(path string) (map[string]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	out := map[string]int{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {

@@ -54,6 +54,18 @@ func (f *consumeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.redisPrefix, "redis-prefix", "idemq", "key prefix of the fast path")
 }
 
+// reconsumeTimes is -max-reconsume as the client wants it, clamped to
+// RocketMQ's limit of 16 redeliveries (one per delay level).
+func (f *consumeFlags) reconsumeTimes() int32 {
+	switch {
+	case f.maxReconsume < 0:
+		return 0
+	case f.maxReconsume > 16:
+		return 16
+	}
+	return int32(f.maxReconsume) // #nosec G115 -- clamped to 0..16 above
+}
+
 // runConsume runs one consumer process until SIGINT/SIGTERM (or SIGKILL).
 // It prints one JSON event per line on stdout: ready, handler (a handler
 // run), result (a delivery's outcome) and stalled.
@@ -97,7 +109,7 @@ func runConsume(args []string) error {
 	cfg := dedup.Config{Schema: f.schema, Fingerprinter: fp, MaxAttempts: f.maxAttempts}
 	if f.redisAddr != "" {
 		rc := redis.NewClient(&redis.Options{Addr: f.redisAddr})
-		defer rc.Close()
+		defer func() { _ = rc.Close() }()
 		if cfg.FastPath, err = redisfast.New(redisfast.Config{Client: rc, Prefix: f.redisPrefix}); err != nil {
 			return err
 		}
@@ -136,7 +148,7 @@ func runConsume(args []string) error {
 		Group:             f.group,
 		Topic:             f.topic,
 		InstanceName:      rocketmqadapter.InstanceName("orders-" + f.mode),
-		MaxReconsumeTimes: int32(f.maxReconsume),
+		MaxReconsumeTimes: f.reconsumeTimes(),
 		ConsumeGoroutines: f.goroutines,
 		BatchMaxSize:      f.batch,
 		ClientOptions:     opts,
@@ -166,7 +178,7 @@ func runConsume(args []string) error {
 // runNaive consumes with the same business logic and no idemq: the insert
 // autocommits, a failure answers ConsumeRetryLater, nothing is recorded.
 func runNaive(ctx context.Context, pool *pgxpool.Pool, f consumeFlags, ev *emitter, opts []rmqconsumer.Option) error {
-	maxReconsume := int32(f.maxReconsume)
+	maxReconsume := f.reconsumeTimes()
 	if maxReconsume == 0 {
 		maxReconsume = 3
 	}
@@ -225,7 +237,7 @@ func runNaive(ctx context.Context, pool *pgxpool.Pool, f consumeFlags, ev *emitt
 // then waits to be killed: the crash window between commit and ack, made
 // deterministic (otherwise the client's 5-second offset flush decides).
 func stallAfter(order string, ev *emitter) primitive.Interceptor {
-	return func(ctx context.Context, req, reply interface{}, next primitive.Invoker) error {
+	return func(ctx context.Context, req, reply any, next primitive.Invoker) error {
 		err := next(ctx, req, reply)
 		msgs, _ := req.([]*primitive.MessageExt)
 		holder, _ := reply.(*rmqconsumer.ConsumeResultHolder)

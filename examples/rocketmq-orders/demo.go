@@ -361,7 +361,7 @@ func (d *demo) waitSettled(timeout time.Duration) {
 			}
 		}
 		for _, s := range sends {
-			if !acked[s.uniqKey] && !(s.order.Poison && tried[s.uniqKey] >= 4) {
+			if !acked[s.uniqKey] && (!s.order.Poison || tried[s.uniqKey] < 4) {
 				return false
 			}
 		}
@@ -661,19 +661,19 @@ func (d *demo) summary(took time.Duration) {
 		}
 		return n
 	}
-	I, N := sides["idemq"], sides["naive"]
-	dupI := I.outcomes["duplicate:message_id"] + I.outcomes["duplicate:business_key"]
+	idq, nv := sides["idemq"], sides["naive"]
+	dupI := idq.outcomes["duplicate:message_id"] + idq.outcomes["duplicate:business_key"]
 
 	fmt.Printf("\nsummary (%d messages sent, %s)\n", len(d.sends), took.Round(time.Second))
 	row := func(label string, a, b any) { fmt.Printf("  %-38s %10v %16v\n", label, a, b) }
 	row("", "with idemq", "naive listener")
-	row("deliveries to the listener", I.delivered, N.delivered)
-	row("handler runs", I.handlerRuns, N.handlerRuns)
-	row("answered ConsumeRetryLater", I.retries, N.retries)
+	row("deliveries to the listener", idq.delivered, nv.delivered)
+	row("handler runs", idq.handlerRuns, nv.handlerRuns)
+	row("answered ConsumeRetryLater", idq.retries, nv.retries)
 	row("duplicates skipped", dupI, 0)
-	row("  matched by message-id", I.outcomes["duplicate:message_id"], "-")
-	row("  matched by business key (Keys)", I.outcomes["duplicate:business_key"], "-")
-	row("conflicts (same key, other payload)", I.outcomes["conflict:business_key"]+I.outcomes["conflict:message_id"], "not detected")
+	row("  matched by message-id", idq.outcomes["duplicate:message_id"], "-")
+	row("  matched by business key (Keys)", idq.outcomes["duplicate:business_key"], "-")
+	row("conflicts (same key, other payload)", idq.outcomes["conflict:business_key"]+idq.outcomes["conflict:message_id"], "not detected")
 	row("dead letters in Postgres", len(d.deadLetters), "-")
 	for _, r := range sortedKeys(dlReasons) {
 		row("  "+r, dlReasons[r], "-")
@@ -690,10 +690,10 @@ func (d *demo) summary(took time.Duration) {
 	d.check(d.idemqWaitErr == nil && d.naiveWaitErr == nil, "every message reached a final answer (%v)", firstErr(d.idemqWaitErr, d.naiveWaitErr))
 	once := missing(d.idemqRows) == 0 && len(doubled(d.idemqRows)) == 0
 	d.check(once, "each of the %d good orders applied exactly once (rows: %d, missing %d, doubled %v)", len(goodOrders), sumRows(d.idemqRows)-d.idemqRows[poisonOrder], missing(d.idemqRows), doubled(d.idemqRows))
-	d.check(I.outcomes["duplicate:message_id"] >= 3 && I.outcomes["duplicate:business_key"] >= 2,
-		"re-sends skipped: %d by message_id (≥3: ord-002…004), %d by business_key (≥2: ord-005, ord-006)", I.outcomes["duplicate:message_id"], I.outcomes["duplicate:business_key"])
+	d.check(idq.outcomes["duplicate:message_id"] >= 3 && idq.outcomes["duplicate:business_key"] >= 2,
+		"re-sends skipped: %d by message_id (≥3: ord-002…004), %d by business_key (≥2: ord-005, ord-006)", idq.outcomes["duplicate:message_id"], idq.outcomes["duplicate:business_key"])
 	amt := d.idemqAmounts[orderID(7)]
-	d.check(I.outcomes["conflict:business_key"] >= 1 && dlReasons[dedup.ReasonFingerprintConflict] == 1 && len(amt) == 1 && amt[0] == 799,
+	d.check(idq.outcomes["conflict:business_key"] >= 1 && dlReasons[dedup.ReasonFingerprintConflict] == 1 && len(amt) == 1 && amt[0] == 799,
 		"conflicting re-send of ord-007 not applied (amount %v, want [799]), dead letter %s ×%d", amt, dedup.ReasonFingerprintConflict, dlReasons[dedup.ReasonFingerprintConflict])
 	d.check(d.flakyErr == nil && d.flakyRecord.Status == dedup.StatusSucceeded && d.flakyRecord.Attempts == 3 && d.idemqRows[flakyOrder] == 1,
 		"%s through %%RETRY%%: %s after %d attempts (%s), record reconsume_times %d, %d row", flakyOrder, d.flakyRecord.Status, d.flakyRecord.Attempts, strings.Join(flakyReconsume, ", "), d.flakyRecord.ReconsumeTimes, d.idemqRows[flakyOrder])
