@@ -1,4 +1,4 @@
--- Consumption records: one row per (scope, message ID); see DESIGN §3.
+-- Consumption records: one row per (scope, message ID); see docs/architecture.md.
 create table if not exists {{.records}} (
   id                 bigint generated always as identity primary key,
   scope              text        not null,
@@ -29,7 +29,7 @@ create unique index if not exists {{.records_business_key_key}}
 create index if not exists {{.records_expires_idx}}
   on {{.records}} (expires_at) where expires_at is not null;
 
--- Dead letters: what could not be applied, kept whole for inspection and re-drive (DESIGN §6).
+-- Dead letters: what could not be applied, kept whole for inspection and re-drive (docs/operations.md).
 create table if not exists {{.dead_letters}} (
   id                 bigint generated always as identity primary key,
   scope              text        not null,
@@ -49,10 +49,7 @@ create table if not exists {{.dead_letters}} (
   redriven_at        timestamptz
 );
 
--- One live dead letter per identity, reason and payload: a redelivered poison
--- message or conflict does not pile up rows.
-create unique index if not exists {{.dead_letters_live_key}}
-  on {{.dead_letters}} (scope, message_id, reason, fingerprint) nulls not distinct
-  where redriven_at is null;
+-- The unique index on live dead letters (one per identity, reason and
+-- payload) is created by 002_dead_letters_live_key.sql.
 create index if not exists {{.dead_letters_created_idx}}
   on {{.dead_letters}} (scope, created_at);
