@@ -22,9 +22,10 @@ const HashedKeyPrefix = "sha256:"
 type MatchedBy string
 
 const (
-	// ByMessageID: the delivery's message ID already has a record.
+	// ByMessageID means the delivery's message ID already has a record.
 	ByMessageID MatchedBy = "message_id"
-	// ByBusinessKey: another message with the same business key has a record.
+	// ByBusinessKey means another message with the same business key has a
+	// record.
 	ByBusinessKey MatchedBy = "business_key"
 )
 

@@ -101,12 +101,12 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 // broker would hand the message to another consumer while the lease still
 // blocks it. The error names both numbers and wraps ErrInvalidConfig.
 func (o LeaseOptions) ValidateUnder(brokerTimer time.Duration) error {
-	o = o.WithDefaults()
-	if o.TTL < time.Second {
-		return fmt.Errorf("%w: lease TTL %s must be at least 1s", ErrInvalidConfig, o.TTL)
+	ttl := o.WithDefaults().TTL
+	if ttl < time.Second {
+		return fmt.Errorf("%w: lease TTL %s must be at least 1s", ErrInvalidConfig, ttl)
 	}
-	if brokerTimer > 0 && o.TTL >= brokerTimer {
-		return fmt.Errorf("%w: lease TTL %s must be shorter than the broker's redelivery timer %s", ErrInvalidConfig, o.TTL, brokerTimer)
+	if brokerTimer > 0 && ttl >= brokerTimer {
+		return fmt.Errorf("%w: lease TTL %s must be shorter than the broker's redelivery timer %s", ErrInvalidConfig, ttl, brokerTimer)
 	}
 	return nil
 }
@@ -299,7 +299,7 @@ func (s *Store) claimLease(ctx context.Context, msg *Message, sum []byte, keyID 
 		if rec == nil {
 			return lease, 0, Result{}, fmt.Errorf("idemq: lease claim %s: record vanished", id)
 		}
-		res, run, err := s.decide(ctx, tx, msg, sum, keyID, rec)
+		res, run, err := s.decide(ctx, tx, msg, sum, rec)
 		if err != nil {
 			return lease, 0, Result{}, err
 		}

@@ -4,16 +4,18 @@ package dedup
 type Status string
 
 const (
-	// StatusProcessing: a handler execution holds the record (lease mode;
+	// StatusProcessing means a handler execution holds the record (lease mode;
 	// atomic modes use it only inside the open transaction, never committed).
 	StatusProcessing Status = "PROCESSING"
-	// StatusSucceeded: the handler's effects committed; copies are duplicates.
+	// StatusSucceeded means the handler's effects committed; copies are
+	// duplicates.
 	StatusSucceeded Status = "SUCCEEDED"
-	// StatusFailedRetryable: the last execution failed; a redelivery runs the
-	// handler again.
+	// StatusFailedRetryable means the last execution failed; a redelivery runs
+	// the handler again.
 	StatusFailedRetryable Status = "FAILED_RETRYABLE"
-	// StatusFailedFinal: no more executions; a dead-letter row exists. Copies
-	// are acknowledged without a handler call until an operator re-drives it.
+	// StatusFailedFinal means no more executions will run; a dead-letter row
+	// exists. Copies are acknowledged without a handler call until an operator
+	// re-drives it.
 	StatusFailedFinal Status = "FAILED_FINAL"
 )
 
@@ -22,25 +24,26 @@ const (
 type Outcome string
 
 const (
-	// OutcomeProcessed: the handler ran and its effects committed. Ack.
+	// OutcomeProcessed means the handler ran and its effects committed. Ack.
 	OutcomeProcessed Outcome = "processed"
-	// OutcomeDuplicate: a record with the same message ID or business key
+	// OutcomeDuplicate means a record with the same message ID or business key
 	// (Result.MatchedBy) had already succeeded or finally failed; the handler
 	// did not run. Ack.
 	OutcomeDuplicate Outcome = "duplicate"
-	// OutcomeConflict: same identity, different payload fingerprint; not
-	// applied, dead-lettered with ReasonFingerprintConflict. Ack.
+	// OutcomeConflict means the same identity came with a different payload
+	// fingerprint; not applied, dead-lettered with ReasonFingerprintConflict.
+	// Ack.
 	OutcomeConflict Outcome = "conflict"
-	// OutcomeRetry: the handler failed with a retryable error and attempts
-	// remain (record FAILED_RETRYABLE). Do not ack: retry (Kafka, in place
-	// with backoff) or hand back to the broker (RocketMQ ConsumeRetryLater).
+	// OutcomeRetry means the handler failed with a retryable error and attempts
+	// remain (record FAILED_RETRYABLE). Do not ack: retry (Kafka, in place with
+	// backoff) or hand back to the broker (RocketMQ ConsumeRetryLater).
 	OutcomeRetry Outcome = "retry"
-	// OutcomeDeadLetter: the handler failed permanently or used its last
-	// attempt, or the input was bad; record FAILED_FINAL plus a dead-letter
-	// row, committed together. Ack.
+	// OutcomeDeadLetter means the handler failed permanently or used its last
+	// attempt, or the input was bad; record FAILED_FINAL plus a dead-letter row,
+	// committed together. Ack.
 	OutcomeDeadLetter Outcome = "dead_letter"
 
-	// OutcomeFenced: lease mode only; this owner's lease was taken over
+	// OutcomeFenced (lease mode only) means this owner's lease was taken over
 	// (ErrFenced) and its completion or failure mark was refused. Do not ack:
 	// the new owner's outcome decides.
 	OutcomeFenced Outcome = "fenced"

@@ -175,7 +175,7 @@ func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *Message, sum 
 	}
 	if rec != nil {
 		// Someone else's record (or our own earlier one) decides.
-		res, run, err := s.decide(ctx, tx, msg, sum, keyID, rec)
+		res, run, err := s.decide(ctx, tx, msg, sum, rec)
 		if err != nil || !run {
 			return res, nil, err
 		}
@@ -269,7 +269,7 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, 
 
 // decide applies the state machine to an existing, locked record. run reports
 // whether the handler must run (the record was FAILED_RETRYABLE).
-func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, rec *record) (res Result, run bool, err error) {
+func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, rec *record) (res Result, run bool, err error) {
 	id := msg.Identity
 	by := rec.matchedBy(id)
 	res = Result{MatchedBy: by, Status: rec.status, Attempts: rec.attempts}

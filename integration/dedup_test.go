@@ -288,7 +288,7 @@ func TestS04ZombieConsumer(t *testing.T) {
 	e := setup(t, nil)
 	tbl := e.paymentsTable()
 	calls := atomic.Int64{}
-	slow := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+	slow := func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 		calls.Add(1)
 		if _, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ('p-500', 1)`); err != nil {
 			return err
@@ -333,7 +333,7 @@ func TestCommitRefusedIsAHandlerFailure(t *testing.T) {
 	tbl := e.table("ledger")
 	e.exec(`create table ` + tbl + ` (id text primary key, ref text, constraint ledger_ref_key unique (ref) deferrable initially deferred)`)
 	e.exec(`insert into ` + tbl + ` values ('seed', 'taken')`)
-	swallow := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+	swallow := func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 		_, _ = tx.Exec(ctx, `insert into `+tbl+` values ('seed', 'x')`) // duplicate key, error ignored
 		return nil
 	}

@@ -75,12 +75,12 @@ func TestS01StaleMessageAfterRebalance(t *testing.T) {
 	if r := e.record(group, "acct-7-v1"); !reflect.DeepEqual(r, snapshot) || r.Attempts != 1 || r.Status != dedup.StatusSucceeded || !strings.HasSuffix(r.Source, "/0/10") {
 		t.Fatalf("record of offset 10 = %+v, want unchanged from %+v (attempts 1)", r, snapshot)
 	}
-	var max int64 = -1
+	var last int64 = -1
 	for _, c := range src.successfulCommits() {
-		if c.offset < max {
-			t.Fatalf("commit went backwards: offset %d after %d", c.offset, max)
+		if c.offset < last {
+			t.Fatalf("commit went backwards: offset %d after %d", c.offset, last)
 		}
-		max = c.offset
+		last = c.offset
 	}
 	if got := groupOffset(t, group, topic); got != 12 {
 		t.Fatalf("group offset = %d, want 12", got)

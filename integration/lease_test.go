@@ -40,7 +40,7 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 	aDone := make(chan outcome, 1)
 	claimed := make(chan struct{})
 	go func() {
-		res, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(ctx context.Context, m *dedup.Message) error {
+		res, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(ctx context.Context, _ *dedup.Message) error {
 			l, _ := dedup.LeaseFromContext(ctx)
 			aFence = l.Fence
 			close(claimed)
@@ -72,7 +72,7 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 
 	time.Sleep(5 * time.Second) // 6 s: A's lease has expired, A still stalls
 	var bFence int64
-	b, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(ctx context.Context, m *dedup.Message) error {
+	b, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(ctx context.Context, _ *dedup.Message) error {
 		l, _ := dedup.LeaseFromContext(ctx)
 		bFence = l.Fence
 		return charge(ctx, "B")
@@ -108,7 +108,7 @@ func TestLeaseHeartbeatAndFailure(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
 	probe := make(chan dedup.Result, 1)
-	res, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-slow", "", "x"), func(ctx context.Context, m *dedup.Message) error {
+	res, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-slow", "", "x"), func(ctx context.Context, _ *dedup.Message) error {
 		// Past the 1 s TTL, a copy must still find the lease live: only
 		// the heartbeat (every 300 ms) can have extended it.
 		time.Sleep(2500 * time.Millisecond)
@@ -140,7 +140,7 @@ func TestLeaseHeartbeatAndFailure(t *testing.T) {
 	// unreachable in life) cancels the handler's context before it lapses.
 	start := time.Now()
 	var cause error
-	res, err = e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-expire", "", "x"), func(ctx context.Context, m *dedup.Message) error {
+	res, err = e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-expire", "", "x"), func(ctx context.Context, _ *dedup.Message) error {
 		select {
 		case <-ctx.Done():
 			cause = context.Cause(ctx)
@@ -155,7 +155,7 @@ func TestLeaseHeartbeatAndFailure(t *testing.T) {
 	// A shutdown that interrupts the handler gives the lease back without
 	// counting the attempt, and reports an error (not acked).
 	sctx, cancel := context.WithCancel(e.ctx)
-	res, err = e.store.ProcessLeased(sctx, msg(t, "billing", "m-shutdown", "", "x"), func(ctx context.Context, m *dedup.Message) error {
+	res, err = e.store.ProcessLeased(sctx, msg(t, "billing", "m-shutdown", "", "x"), func(ctx context.Context, _ *dedup.Message) error {
 		cancel()
 		<-ctx.Done()
 		return ctx.Err()

@@ -87,7 +87,7 @@ func TestRelayRocketMQ(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = pc.Subscribe(topic, rmqconsumer.MessageSelector{}, func(ctx context.Context, msgs ...*primitive.MessageExt) (rmqconsumer.ConsumeResult, error) {
+	err = pc.Subscribe(topic, rmqconsumer.MessageSelector{}, func(_ context.Context, msgs ...*primitive.MessageExt) (rmqconsumer.ConsumeResult, error) {
 		for _, m := range msgs {
 			id := m.GetProperty(outbox.DefaultMessageIDHeader)
 			mu.Lock()
@@ -138,11 +138,11 @@ func TestRelayRocketMQ(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var lost atomic.Int32
+	var lost atomic.Int64
 	cfg := fastRelay("relay-rmq")
 	cfg.BatchSize, cfg.MaxKeys = 10, 4
-	cfg.Hooks.AfterPublish = func(ctx context.Context, tx pgx.Tx, published []outbox.Envelope) error {
-		if lost.CompareAndSwap(0, int32(len(published))) {
+	cfg.Hooks.AfterPublish = func(_ context.Context, _ pgx.Tx, published []outbox.Envelope) error {
+		if lost.CompareAndSwap(0, int64(len(published))) {
 			return errors.New("crash between publish and mark (injected)")
 		}
 		return nil
@@ -176,7 +176,7 @@ func TestRelayRocketMQ(t *testing.T) {
 			republished++
 		}
 	}
-	if int(lost.Load()) == 0 || republished < int(lost.Load()) || metrics.Get("duplicate") < int64(lost.Load()) {
+	if int(lost.Load()) == 0 || republished < int(lost.Load()) || metrics.Get("duplicate") < lost.Load() {
 		t.Fatalf("lost mark of %d rows: %d rows received more than once, %d duplicates absorbed", lost.Load(), republished, metrics.Get("duplicate"))
 	}
 	t.Logf("mark lost for %d rows; %d rows received more than once; duplicates absorbed %d", lost.Load(), republished, metrics.Get("duplicate"))

@@ -334,7 +334,7 @@ func TestOutboxRollbackLeavesNoRow(t *testing.T) {
 	topic := newTopic(t, 1)
 	calls := 0
 	failing := func(fail error) dedup.Handler {
-		return func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		return func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			calls++
 			for i := range 3 {
 				if _, err := outboxAdd(ctx, o, tx, outbox.Message{Topic: topic, Key: []byte("k"), Payload: []byte(fmt.Sprint(i))}); err != nil {
@@ -352,7 +352,7 @@ func TestOutboxRollbackLeavesNoRow(t *testing.T) {
 	if err != nil || res.Outcome != dedup.OutcomeDeadLetter {
 		t.Fatalf("permanent: %+v %v", res, err)
 	}
-	res, err = o.store.Process(o.ctx, msg(t, "orders", "m-rb-3", "", "x"), func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+	res, err = o.store.Process(o.ctx, msg(t, "orders", "m-rb-3", "", "x"), func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 		calls++
 		if _, err := o.ob.Add(ctx, tx, outbox.Message{Topic: topic, Payload: []byte("p")}); err != nil {
 			return err

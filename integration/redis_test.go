@@ -81,7 +81,7 @@ func TestS11FastPathMissFallsThroughToPostgres(t *testing.T) {
 			e, _ := setupFast(t, client)
 			tbl := e.paymentsTable()
 			var calls atomic.Int64
-			slow := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+			slow := func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 				calls.Add(1)
 				if _, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ('p-11', 1)`); err != nil {
 					return err
@@ -166,7 +166,7 @@ func TestS12NoRedisMarkerBeforeCommit(t *testing.T) {
 	}
 	var calls int
 	var seenInHandler []int64
-	h := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+	h := func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 		calls++
 		seenInHandler = append(seenInHandler, markers())
 		if _, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ('p-401', 1)`); err != nil {

@@ -72,7 +72,7 @@ func TestRedisStoreOnRedisCluster(t *testing.T) {
 	ctx := context.Background()
 	ok := func(context.Context, *dedup.Message) error { return nil }
 	fail := func(context.Context, *dedup.Message) error { return errors.New("provider down") }
-	slow := func(hctx context.Context, m *dedup.Message) error { time.Sleep(400 * time.Millisecond); return nil } // two renewals
+	slow := func(context.Context, *dedup.Message) error { time.Sleep(400 * time.Millisecond); return nil } // two renewals
 	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: 150 * time.Millisecond}
 	steps := []struct {
 		mid, bk, payload string

@@ -17,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The Redis-only store (DESIGN §8b) on a real Redis: records, leases and
+// The Redis-only store (dedup/redisstore) on a real Redis: records, leases and
 // dead letters live in Redis, under a fresh key prefix per test.
 
 func newRedisStore(t testing.TB, tweak func(*redisstore.Config)) *redisstore.Store {
@@ -83,7 +83,7 @@ func TestRedisStoreConcurrentCopiesApplyOnce(t *testing.T) {
 	t.Parallel()
 	s := newRedisStore(t, nil)
 	fx := newEffects()
-	h := func(ctx context.Context, m *dedup.Message) error {
+	h := func(ctx context.Context, _ *dedup.Message) error {
 		time.Sleep(100 * time.Millisecond)
 		return fx.request(ctx)
 	}
@@ -139,7 +139,7 @@ func TestRedisStoreDuplicatesAndConflicts(t *testing.T) {
 	t.Parallel()
 	s := newRedisStore(t, nil)
 	fx := newEffects()
-	h := func(ctx context.Context, m *dedup.Message) error { return fx.request(ctx) }
+	h := func(ctx context.Context, _ *dedup.Message) error { return fx.request(ctx) }
 	ctx := context.Background()
 	run := func(mid, bk, payload string) dedup.Result {
 		t.Helper()
@@ -196,7 +196,7 @@ func TestRedisStoreFailuresRetriesAndDeadLetters(t *testing.T) {
 	s := newRedisStore(t, func(c *redisstore.Config) { c.MaxAttempts = 3 })
 	ctx := context.Background()
 	calls := map[string]int{}
-	h := func(ctx context.Context, m *dedup.Message) error {
+	h := func(_ context.Context, m *dedup.Message) error {
 		id := m.Identity.MessageID
 		calls[id]++
 		switch {
@@ -286,7 +286,7 @@ func TestRedisStoreLeaseTakeoverFencesStaleOwner(t *testing.T) {
 	claimed := make(chan struct{})
 	go func() {
 		var cause error
-		res, err := s.ProcessLeased(ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(hctx context.Context, m *dedup.Message) error {
+		res, err := s.ProcessLeased(ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(hctx context.Context, _ *dedup.Message) error {
 			close(claimed)
 			if err := fx.request(hctx); err != nil {
 				return err
@@ -303,7 +303,7 @@ func TestRedisStoreLeaseTakeoverFencesStaleOwner(t *testing.T) {
 		t.Fatalf("copy during A's live lease: %+v, %v", r, err)
 	}
 	time.Sleep(1200 * time.Millisecond) // A's lease is gone
-	rb, err := s.ProcessLeased(ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(hctx context.Context, m *dedup.Message) error {
+	rb, err := s.ProcessLeased(ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(hctx context.Context, _ *dedup.Message) error {
 		return fx.request(hctx)
 	}, opt)
 	if err != nil || rb.Outcome != dedup.OutcomeProcessed || rb.Attempts != 2 {
@@ -339,7 +339,7 @@ func TestRedisStoreWatchdogKeepsLongHandler(t *testing.T) {
 	opt := dedup.LeaseOptions{TTL: 2 * time.Second, Heartbeat: 300 * time.Millisecond}
 	done := make(chan dedup.Result, 1)
 	go func() {
-		res, err := s.ProcessLeased(ctx, msg(t, "billing", "m-long", "", "x"), func(hctx context.Context, m *dedup.Message) error {
+		res, err := s.ProcessLeased(ctx, msg(t, "billing", "m-long", "", "x"), func(hctx context.Context, _ *dedup.Message) error {
 			select {
 			case <-time.After(4 * time.Second):
 				return fx.request(hctx)
@@ -375,7 +375,7 @@ func TestRedisStoreOwnerThatNeverReturnsIsBounded(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	var running sync.WaitGroup
-	hang := func(hctx context.Context, m *dedup.Message) error { running.Done(); <-release; return nil }
+	hang := func(context.Context, *dedup.Message) error { running.Done(); <-release; return nil }
 	for attempt := 1; attempt <= 2; attempt++ {
 		running.Add(1)
 		go func() { _, _ = s.ProcessLeased(ctx, msg(t, "billing", "m-kill", "", "x"), hang, opt) }()
@@ -404,7 +404,7 @@ func TestRedisStoreShutdownAndRedisDown(t *testing.T) {
 	t.Parallel()
 	s := newRedisStore(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
-	_, err := s.ProcessLeased(ctx, msg(t, "billing", "m-stop", "", "x"), func(hctx context.Context, m *dedup.Message) error {
+	_, err := s.ProcessLeased(ctx, msg(t, "billing", "m-stop", "", "x"), func(hctx context.Context, _ *dedup.Message) error {
 		cancel()
 		<-hctx.Done()
 		return hctx.Err()
@@ -465,7 +465,7 @@ func TestRedisStoreKafkaConsumerAppliesOnce(t *testing.T) {
 	for round, group := range []string{scope, randomName("g-replay-")} {
 		var counters consumer.Counters
 		r := startConsumer(t, consumer.Config{Scope: scope, Store: s, BusinessKey: bk, Metrics: &counters,
-			LeaseHandler: func(ctx context.Context, m *dedup.Message) error { return fx.request(ctx) }}, newSpySource(t, group, topic))
+			LeaseHandler: func(ctx context.Context, _ *dedup.Message) error { return fx.request(ctx) }}, newSpySource(t, group, topic))
 		waitCaughtUp(t, group, topic)
 		r.stop(t)
 		snap := counters.Snapshot()
@@ -574,7 +574,7 @@ func TestRedisStoreRejectUsesBusinessKeyAndDeadOwners(t *testing.T) {
 	claimed, release := make(chan struct{}), make(chan struct{})
 	t.Cleanup(func() { close(release) })
 	go func() {
-		_, _ = s.ProcessLeased(ctx, msg(t, "billing", "m-5", "", "x"), func(hctx context.Context, m *dedup.Message) error {
+		_, _ = s.ProcessLeased(ctx, msg(t, "billing", "m-5", "", "x"), func(context.Context, *dedup.Message) error {
 			close(claimed)
 			<-release // dead: does not return while the test runs
 			return nil
@@ -622,7 +622,7 @@ func TestRedisStoreWatchdogFencedByRenewal(t *testing.T) {
 	c := redisClient(t)
 	var cause error
 	start := time.Now()
-	r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "", "x"), func(hctx context.Context, m *dedup.Message) error {
+	r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "", "x"), func(hctx context.Context, _ *dedup.Message) error {
 		iter := c.Scan(ctx, 0, s.Config().Prefix+":*:rec:m-1", 10).Iterator()
 		for iter.Next(ctx) { // another owner takes the record over
 			_ = c.HSet(ctx, iter.Val(), "owner", "someone-else", "fence", 2).Err()
@@ -689,7 +689,7 @@ func TestRedisStoreRocketMQRetryTopicAndResend(t *testing.T) {
 	group := randomName("it-rs-")
 	topic := rmqTopic(t, "it-rs-", group)
 	var calls atomic.Int64
-	h := func(ctx context.Context, m *dedup.Message) error {
+	h := func(ctx context.Context, _ *dedup.Message) error {
 		if calls.Add(1) <= 2 {
 			return errors.New("provider timeout")
 		}

@@ -25,7 +25,7 @@ func TestTracingAcrossDeliveryAndOutbox(t *testing.T) {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	var handlerTrace trace.TraceID
 	c, err := consumer.New(consumer.Config{Scope: "traced", Store: o.store, TracerProvider: tp,
-		Handler: func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		Handler: func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			handlerTrace = trace.SpanContextFromContext(ctx).TraceID()
 			_, err := o.ob.Add(ctx, tx, outbox.Message{Topic: "next", Key: []byte("k"), Payload: []byte("x")})
 			return err
@@ -50,7 +50,7 @@ func TestTracingAcrossDeliveryAndOutbox(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, a := range sp.Attributes() {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	if attrs["idemq.outcome"] != "processed" || attrs["messaging.message.id"] != "m-trace" || attrs["messaging.consumer.group.name"] != "traced" {
 		t.Fatalf("attributes = %v", attrs)

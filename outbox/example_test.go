@@ -91,7 +91,7 @@ func ExampleCausation() {
 // A Publisher reports per-envelope failures with PublishErrors; the relay
 // marks the acknowledged rows and retries the others with backoff.
 func ExamplePublishErrors() {
-	flaky := outbox.PublisherFunc(func(ctx context.Context, batch []outbox.Envelope) error {
+	flaky := outbox.PublisherFunc(func(_ context.Context, batch []outbox.Envelope) error {
 		errs := make(outbox.PublishErrors, len(batch))
 		for i, e := range batch {
 			if e.Topic == "missing" {

@@ -153,8 +153,8 @@ func perChain(ctx context.Context, cp ChainPublisher, chains [][]Envelope) (res 
 }
 
 // errorText renders a publish error for the last_error column.
-func errorText(err error, max int) string {
+func errorText(err error, maxBytes int) string {
 	s := err.Error()
 	s = strings.TrimSpace(s)
-	return clip(s, max)
+	return clip(s, maxBytes)
 }

@@ -612,19 +612,19 @@ func publishChainsAtOnce(ctx context.Context, cp ChainPublisher, chains [][]item
 }
 
 // retryDelay is the delay after the attempt-th failed publish of a row
-// (attempt >= 1): initial·2^(attempt-1), capped at max, times a jitter
-// factor in [0.8, 1.2) drawn from rnd in [0, 1), never above max.
-func retryDelay(attempt int, initial, max time.Duration, rnd float64) time.Duration {
+// (attempt >= 1): initial·2^(attempt-1), capped at maxDelay, times a jitter
+// factor in [0.8, 1.2) drawn from rnd in [0, 1), never above maxDelay.
+func retryDelay(attempt int, initial, maxDelay time.Duration, rnd float64) time.Duration {
 	if attempt < 1 {
 		attempt = 1
 	}
 	d := float64(initial) * math.Pow(2, float64(min(attempt-1, 62)))
-	if d > float64(max) {
-		d = float64(max)
+	if d > float64(maxDelay) {
+		d = float64(maxDelay)
 	}
 	d *= 0.8 + 0.4*rnd
-	if d > float64(max) {
-		d = float64(max)
+	if d > float64(maxDelay) {
+		d = float64(maxDelay)
 	}
 	return time.Duration(d)
 }

@@ -71,7 +71,7 @@ func TestPublishChainsFailureStopsItsKeyOnly(t *testing.T) {
 		{env("t", "a", 1), env("t", "a", 3), env("t", "a", 5)},
 		{env("t", "b", 2), env("t", "b", 4)},
 	}
-	r := &recorder{fail: func(call int, e Envelope) error {
+	r := &recorder{fail: func(_ int, e Envelope) error {
 		if string(e.Payload) == "3" {
 			return errors.New("broker said no")
 		}
@@ -114,7 +114,7 @@ func TestPublishChainsShutdownIsNotAnAttempt(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	chains := [][]item{{env("t", "a", 1), env("t", "a", 2)}}
 	calls := 0
-	pub, failed := publishChains(ctx, PublisherFunc(func(ctx context.Context, b []Envelope) error {
+	pub, failed := publishChains(ctx, PublisherFunc(func(ctx context.Context, _ []Envelope) error {
 		calls++
 		if calls == 2 {
 			cancel()
@@ -129,7 +129,7 @@ func TestPublishChainsShutdownIsNotAnAttempt(t *testing.T) {
 
 func TestPublishChainsTimeoutIsAFailure(t *testing.T) {
 	chains := [][]item{{env("t", "a", 1)}}
-	pub, failed := publishChains(context.Background(), PublisherFunc(func(ctx context.Context, b []Envelope) error {
+	pub, failed := publishChains(context.Background(), PublisherFunc(func(ctx context.Context, _ []Envelope) error {
 		<-ctx.Done()
 		return ctx.Err()
 	}), chains, 20*time.Millisecond)

@@ -52,7 +52,7 @@ func TestNewSourceValidates(t *testing.T) {
 // scriptedFetch returns the errors in order, then m; it counts its calls.
 func scriptedFetch(m kafka.Message, errs ...error) (func(context.Context) (kafka.Message, error), *int) {
 	calls := 0
-	return func(ctx context.Context) (kafka.Message, error) {
+	return func(context.Context) (kafka.Message, error) {
 		calls++
 		if calls <= len(errs) {
 			return kafka.Message{}, errs[calls-1]

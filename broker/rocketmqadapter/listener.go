@@ -180,8 +180,8 @@ func (c Config) validate(maxAttempts int) error {
 // MaxReconsumeTimes) plus one ConsumeTimeout per delivery (a copy may wait
 // that long in a listener before it is sent back). Defaults apply.
 func (c Config) Horizon() time.Duration {
-	c = c.withDefaults()
-	return RedeliveryHorizon(c.DelayLevels, c.MaxReconsumeTimes) + time.Duration(c.MaxReconsumeTimes+1)*c.ConsumeTimeout
+	d := c.withDefaults()
+	return RedeliveryHorizon(d.DelayLevels, d.MaxReconsumeTimes) + time.Duration(d.MaxReconsumeTimes+1)*d.ConsumeTimeout
 }
 
 // Listener is the RocketMQ listener that runs idemq for each message; its
@@ -380,16 +380,16 @@ func (l *Listener) Abort() {
 	}
 }
 
-// boundHandler gives each execution of h a deadline of max; a handler error
+// boundHandler gives each execution of h a deadline of limit; a handler error
 // after the deadline passed is reported as a timeout (errors.Is
 // context.DeadlineExceeded, class "timeout").
-func boundHandler(h dedup.Handler, max time.Duration) dedup.Handler {
+func boundHandler(h dedup.Handler, limit time.Duration) dedup.Handler {
 	return func(ctx context.Context, tx pgx.Tx, msg *dedup.Message) error {
-		hctx, cancel := context.WithTimeout(ctx, max)
+		hctx, cancel := context.WithTimeout(ctx, limit)
 		defer cancel()
 		err := h(hctx, tx, msg)
 		if err != nil && ctx.Err() == nil && errors.Is(hctx.Err(), context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("handler exceeded MaxHandlerDuration %s: %w (%w)", max, context.DeadlineExceeded, err)
+			err = fmt.Errorf("handler exceeded MaxHandlerDuration %s: %w (%w)", limit, context.DeadlineExceeded, err)
 		}
 		return err
 	}

@@ -50,8 +50,8 @@ type recordAdmin interface {
 	Redrive(ctx context.Context, scope, messageID string) error
 }
 
-// admin opens the store the flags name; close releases it.
-func (f *storeFlags) admin(ctx context.Context) (st recordAdmin, close func(), err error) {
+// admin opens the store the flags name; closeStore releases it.
+func (f *storeFlags) admin(ctx context.Context) (st recordAdmin, closeStore func(), err error) {
 	if f.redisURL == "" {
 		pool, pst, err := f.open(ctx)
 		if err != nil {
@@ -190,10 +190,11 @@ func runDeadLetters(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The tabwriter buffers the rows; Flush reports a failed write to stdout.
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tMESSAGE ID\tBUSINESS KEY\tREASON\tATTEMPTS\tREDRIVEN\tERROR")
+	_, _ = fmt.Fprintln(w, "ID\tMESSAGE ID\tBUSINESS KEY\tREASON\tATTEMPTS\tREDRIVEN\tERROR")
 	for _, d := range dls {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%v\t%.80s\n", d.ID, d.MessageID, d.BusinessKey, d.Reason, d.Attempts, d.RedrivenAt != nil, d.Error)
+		_, _ = fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%v\t%.80s\n", d.ID, d.MessageID, d.BusinessKey, d.Reason, d.Attempts, d.RedrivenAt != nil, d.Error)
 	}
 	return w.Flush()
 }

@@ -100,14 +100,14 @@ func runRelay(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		defer p.Close()
+		defer func() { _ = p.Close() }() // the relay has stopped: nothing is left to publish
 		pub = p
 	case "rocketmq":
 		p, err := rocketmqpub.New(rocketmqpub.Config{NameServers: strings.Split(*namesrv, ",")})
 		if err != nil {
 			return err
 		}
-		defer p.Close()
+		defer func() { _ = p.Close() }() // the relay has stopped: nothing is left to publish
 		pub = p
 	default:
 		return fmt.Errorf("-broker %q: want kafka or rocketmq", *broker)
@@ -141,7 +141,7 @@ func runOutbox(ctx context.Context, args []string) error {
 	}
 	if args[0] == "unpark" {
 		fs.Usage = func() {
-			fmt.Fprintln(fs.Output(), "usage: idemq outbox unpark [flags] ID... (IDs of parked rows, from idemq outbox parked)")
+			_, _ = fmt.Fprintln(fs.Output(), "usage: idemq outbox unpark [flags] ID... (IDs of parked rows, from idemq outbox parked)")
 			fs.PrintDefaults()
 		}
 	}

@@ -47,11 +47,14 @@ func (s *Store) lookup(ctx context.Context, scope, messageID string) (dedup.Reco
 		return dedup.Record{}, dedup.ErrNotFound
 	}
 	atoi := func(f string) int64 { n, _ := strconv.ParseInt(h[f], 10, 64); return n }
+	// reconsume_times is written from an int32; parsing it as 32 bits keeps
+	// the conversion in range.
+	atoi32 := func(f string) int32 { n, _ := strconv.ParseInt(h[f], 10, 32); return int32(n) }
 	r := dedup.Record{
 		Scope: h["scope"], MessageID: h["message_id"], BusinessKey: h["business_key"],
 		Status: dedup.Status(h["status"]), Attempts: int(atoi("attempts")), Fence: atoi("fence"),
 		LastError: h["last_error"], LastErrorClass: h["last_error_class"], Source: h["source"],
-		ReconsumeTimes: int32(atoi("reconsume_times")),
+		ReconsumeTimes: atoi32("reconsume_times"),
 		CreatedAt:      time.UnixMilli(atoi("created_ms")), UpdatedAt: time.UnixMilli(atoi("updated_ms")),
 	}
 	if i := strings.LastIndexByte(h["fingerprint"], ':'); i >= 0 { // "<key ID>:<hex>"; a key ID may hold ':'

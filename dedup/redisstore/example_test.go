@@ -26,7 +26,7 @@ func Example() {
 	_, err = consumer.New(consumer.Config{
 		Scope: "notifications",
 		Store: store,
-		LeaseHandler: func(ctx context.Context, msg *dedup.Message) error {
+		LeaseHandler: func(ctx context.Context, _ *dedup.Message) error {
 			lease, _ := dedup.LeaseFromContext(ctx)
 			_ = lease.IdempotencyKey() // send it with the e-mail request
 			return nil
@@ -36,7 +36,7 @@ func Example() {
 
 	// Atomic mode needs a Postgres transaction: refused.
 	_, err = consumer.New(consumer.Config{Scope: "notifications", Store: store,
-		Handler: func(ctx context.Context, tx pgx.Tx, msg *dedup.Message) error { return nil }})
+		Handler: func(context.Context, pgx.Tx, *dedup.Message) error { return nil }})
 	fmt.Println("atomic mode:", errors.Is(err, consumer.ErrInvalidConfig))
 
 	c := store.Config()

@@ -11,11 +11,11 @@ import (
 type Loss int
 
 const (
-	// Kept: stop was closed while the lease was held.
+	// Kept means stop was closed while the lease was held.
 	Kept Loss = iota
-	// Fenced: a renewal found the lease held by another owner.
+	// Fenced means a renewal found the lease held by another owner.
 	Fenced
-	// Expired: no renewal succeeded for 90% of the TTL (renewals failing,
+	// Expired means no renewal succeeded for 90% of the TTL (renewals failing,
 	// or heartbeat disabled), so another owner may take over any moment.
 	Expired
 )

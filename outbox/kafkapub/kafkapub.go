@@ -248,15 +248,15 @@ func (p *Publisher) writePartition(ctx context.Context, k tp, ps []pos, res []ou
 	}
 }
 
-// splitRequests cuts one partition's records into requests of at most max
-// bytes (a record larger than max travels alone and fails).
-func splitRequests(ps []pos, max int) [][]pos {
+// splitRequests cuts one partition's records into requests of at most
+// maxBytes (a record larger than maxBytes travels alone and fails).
+func splitRequests(ps []pos, maxBytes int) [][]pos {
 	var out [][]pos
 	var cur []pos
 	size := 0
 	for _, q := range ps {
 		n := recordSize(q.msg)
-		if len(cur) > 0 && size+n > max {
+		if len(cur) > 0 && size+n > maxBytes {
 			out = append(out, cur)
 			cur, size = nil, 0
 		}

@@ -1,5 +1,5 @@
 -- Outbox rows: messages written in the handler's transaction, published by
--- the relay (DESIGN §7). seq orders rows (database-assigned, so independent of
+-- the relay (docs/architecture.md). seq orders rows (database-assigned, so independent of
 -- application clocks); id is the UUIDv7 message ID published as message-id.
 create table if not exists {{.outbox}} (
   seq             bigint generated always as identity primary key,
