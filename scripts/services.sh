@@ -10,15 +10,18 @@
 #
 # Usage: scripts/services.sh COMMAND [SERVICE...]      (no SERVICE means all four)
 #
-#   up [svc...]      Install whatever is missing (apt-get: postgresql, redis-server, a Java 17
-#                    JRE, maven; Maven Central: the broker jars), start the services in parallel
-#                    and wait until each answers a real request (SQL query, PING, Kafka
-#                    ApiVersions, NameServer cluster info listing our broker). Idempotent: a
-#                    service that already answers is left as it is, so a second `up` returns in
-#                    about a second. A server that this script did not start but that already
-#                    answers on the same port (for example from docker-compose.yml) is reused.
-#                    On a failed start it prints the last 40 lines of that service's log and
-#                    exits non-zero. Ends by printing the `env` lines.
+#   up [svc...]      First asks each service on its port whether it already answers a real
+#                    request (SQL query, PING, Kafka ApiVersions, NameServer cluster info
+#                    listing our broker, which answers too). One that answers is used as it is
+#                    and nothing is installed for it: ours ("already running"), or a server
+#                    this script did not start, for example from `docker compose up -d`
+#                    ("reusing"). Only for the others it installs whatever is missing
+#                    (apt-get: postgresql, redis-server, a Java 17 JRE, maven; Maven Central:
+#                    the broker jars), starts them in parallel and waits until each answers.
+#                    So a second `up` returns in about a second, and with docker-compose.yml's
+#                    services up it needs neither apt-get nor Java (nor Linux). On a failed
+#                    start it prints the last 40 lines of that service's log and exits
+#                    non-zero. Ends by printing the `env` lines.
 #   down [svc...]    Stop the services this script started: pg_ctl stop -m fast,
 #                    redis-cli shutdown nosave, SIGTERM to the Java processes (then SIGKILL after a
 #                    grace period). Data stays in the cache, so the next `up` is warm.
@@ -37,7 +40,7 @@
 # Layout of the cache: postgres/{data,run,postgres.log}  redis/{redis.pid,redis.log}
 #   kafka/{pom.xml,lib,server.properties,log4j2.properties,data,kafka.log,kafka.pid}
 #   rocketmq/{pom.xml,lib,home,namesrv.conf,broker.conf,store,namesrv.log,broker.log,*.pid}
-# Recipes and the reasons behind the broker settings: shared/BROKERS.md.
+# The reasons behind the broker settings are in the comments below.
 #
 # Every server listens on 127.0.0.1 only, with one exception that RocketMQ 5.3.3 does not let us
 # configure: the broker's master-slave replication (HA) port 10912 binds all interfaces
@@ -73,8 +76,31 @@ fail() {
   exit 1
 }
 
+# with_timeout SECONDS CMD...: run CMD, stopped after SECONDS. coreutils `timeout` when there is
+# one; macOS has none by default, and the probes that `up` runs first (is the service already
+# answering?) must work there too, e.g. against docker-compose.yml's services.
+if command -v timeout >/dev/null 2>&1; then
+  with_timeout() { timeout "$@"; }
+elif command -v gtimeout >/dev/null 2>&1; then
+  with_timeout() { gtimeout "$@"; }
+else
+  with_timeout() {
+    local secs=$1 pid watcher rc=0
+    shift
+    "$@" &
+    pid=$!
+    # (no output: an orphaned sleep must not hold a $(...) open)
+    (sleep "$secs"; kill -TERM "$pid" 2>/dev/null) >/dev/null 2>&1 </dev/null &
+    watcher=$!
+    wait "$pid" || rc=$?
+    kill "$watcher" 2>/dev/null || true
+    wait "$watcher" 2>/dev/null || true
+    return "$rc"
+  }
+fi
+
 # port_open PORT: something accepts TCP connections on 127.0.0.1:PORT.
-port_open() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+port_open() { with_timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
 
 # pid_of PIDFILE PATTERN: print the pid in PIDFILE if that process is alive and its command
 # line contains PATTERN (guards against a stale file whose pid was reused).
@@ -176,9 +202,11 @@ ensure_packages() {
     command -v mvn >/dev/null || pkgs+=(maven)
   fi
   ((${#pkgs[@]})) || return 0
-  mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u)
+  # shellcheck disable=SC2207 # package names have no spaces
+  pkgs=($(printf '%s\n' "${pkgs[@]}" | sort -u))
   ((EUID == 0)) || command -v sudo >/dev/null || die "missing packages (${pkgs[*]}); install them or run as root"
-  command -v apt-get >/dev/null || die "missing packages (${pkgs[*]}) and no apt-get: install them by hand"
+  command -v apt-get >/dev/null ||
+    die "missing packages (${pkgs[*]}) and no apt-get: install them by hand, or run the services with Docker (docker compose up -d --wait)"
   log "installing with apt-get: ${pkgs[*]}"
   # No init system here: a policy-rc.d that answers 101 stops the packages' postinst from
   # starting the system-wide postgresql/redis services (they would take our ports).
@@ -275,6 +303,17 @@ pg_dsn_ok() {
   [[ $(PGCONNECT_TIMEOUT=3 "$psql" "$PG_DSN" -XAtqc 'select 1' 2>/dev/null) == 1 ]]
 }
 
+# pg_protocol_ok: a PostgreSQL server answers an SSLRequest on 127.0.0.1:$PG_PORT (with S or N).
+# Recognizes a server where there is no psql to try the DSN.
+# shellcheck disable=SC2016 # expanded by the inner shell
+pg_protocol_ok() {
+  with_timeout 3 bash -c '
+    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+    printf "\x00\x00\x00\x08\x04\xd2\x16\x2f" >&3
+    r=$(head -c 1 <&3)
+    [[ $r == S || $r == N ]]' _ $PG_PORT 2>/dev/null
+}
+
 pg_pid() { local d; d=$(pg_dir)/data; pid_of "$d/postmaster.pid" "postgres"; }
 
 up_postgres() {
@@ -353,9 +392,9 @@ REDIS_DIR=$CACHE/redis
 redis_ping() {
   local r
   if command -v redis-cli >/dev/null; then
-    r=$(timeout 3 redis-cli -h 127.0.0.1 -p $REDIS_PORT ping 2>/dev/null) || return 1
+    r=$(with_timeout 3 redis-cli -h 127.0.0.1 -p $REDIS_PORT ping 2>/dev/null) || return 1
   else
-    r=$(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$REDIS_PORT && printf 'PING\r\n' >&3 && read -r l <&3 && echo \"\$l\"" 2>/dev/null) || return 1
+    r=$(with_timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$REDIS_PORT && printf 'PING\r\n' >&3 && read -r l <&3 && echo \"\$l\"" 2>/dev/null) || return 1
   fi
   [[ ${r%$'\r'} == *PONG ]]
 }
@@ -388,7 +427,7 @@ down_redis() {
     return 0
   fi
   log "stopping (shutdown nosave, pid $pid)"
-  timeout 10 redis-cli -h 127.0.0.1 -p $REDIS_PORT shutdown nosave >/dev/null 2>&1 || true
+  with_timeout 10 redis-cli -h 127.0.0.1 -p $REDIS_PORT shutdown nosave >/dev/null 2>&1 || true
   for ((i = 0; i < 50; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   stop_pid redis "$REDIS_DIR/redis.pid" redis-server 10 >/dev/null
   log "stopped"
@@ -410,7 +449,7 @@ KAFKA_DIR=$CACHE/kafka
 # kafka_api_ok: a Kafka ApiVersions v0 round trip on 127.0.0.1:9092 (correlation id 1, error 0).
 # shellcheck disable=SC2016 # expanded by the inner shell
 kafka_api_ok() {
-  timeout 3 bash -c '
+  with_timeout 3 bash -c '
     exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
     printf "\x00\x00\x00\x0f\x00\x12\x00\x00\x00\x00\x00\x01\x00\x05idemq" >&3
     r=$(head -c 10 <&3 | od -An -tx1 | tr -d " \n")
@@ -513,7 +552,7 @@ RMQ_HOME=$RMQ_DIR/home
 # prints the reply's JSON header and body.
 # shellcheck disable=SC2016 # expanded by the inner shell
 rmq_request() {
-  timeout 5 bash -c '
+  with_timeout 5 bash -c '
     port=$1 code=$2 body=${3:-}
     h="{\"code\":$code,\"flag\":0,\"language\":\"JAVA\",\"opaque\":1,\"serializeTypeCurrentRPC\":\"JSON\",\"version\":0}"
     be32() { printf "\\\\x%02x\\\\x%02x\\\\x%02x\\\\x%02x" $(($1>>24&255)) $(($1>>16&255)) $(($1>>8&255)) $(($1&255)); }
@@ -526,6 +565,9 @@ rmq_request() {
 # rmq_broker_registered: the NameServer answers GET_BROKER_CLUSTER_INFO (106) and lists our
 # broker at 127.0.0.1:10911.
 rmq_broker_registered() { rmq_request $NAMESRV_PORT 106 | grep -q "\"127.0.0.1:$BROKER_PORT\""; }
+# rmq_broker_version: the broker on 127.0.0.1:10911 answers GET_BROKER_RUNTIME_INFO (28); prints
+# its brokerVersionDesc (V5_3_3 for 5.3.3).
+rmq_broker_version() { rmq_request $BROKER_PORT 28 | grep -o '"brokerVersionDesc":"[^"]*"' | cut -d'"' -f4; }
 
 namesrv_pid() { pid_of "$RMQ_DIR/namesrv.pid" NamesrvStartup; }
 broker_pid() { pid_of "$RMQ_DIR/broker.pid" BrokerStartup; }
@@ -646,6 +688,59 @@ status_rocketmq() {
   else echo "stopped"; return 1; fi
 }
 
+# --------------------------------------------------------------------- already answering?
+
+# answers_SVC: the service already answers a real request on its port; logs whose it is: ours
+# ("already running") or a server this script did not start ("reusing"), e.g. one of
+# docker-compose.yml. `up` asks this first, before installing or starting anything, so these
+# probes need nothing beyond bash, head, od, tr, grep and cut (psql and redis-cli when they are
+# installed), and run on macOS too.
+answers_postgres() {
+  local pid
+  if pid=$(pg_pid); then
+    pg_dsn_ok || return 1
+    log "already running (pid $pid)"
+  elif pg_dsn_ok; then
+    log "reusing the server already on 127.0.0.1:$PG_PORT (not started by this script; $PG_DSN works)"
+  elif ! psql_bin >/dev/null 2>&1 && pg_protocol_ok; then
+    log "reusing the server already on 127.0.0.1:$PG_PORT (not started by this script; it speaks the PostgreSQL protocol, no psql here to try the DSN)"
+  else
+    return 1
+  fi
+}
+
+answers_redis() {
+  local pid
+  redis_ping || return 1
+  if pid=$(redis_pid); then log "already running (pid $pid)"
+  else log "reusing the server already on 127.0.0.1:$REDIS_PORT (not started by this script; PING works)"; fi
+}
+
+answers_kafka() {
+  local pid
+  if pid=$(kafka_pid); then
+    kafka_ready || return 1
+    log "already running (pid $pid)"
+  elif kafka_api_ok; then
+    log "reusing the broker already on 127.0.0.1:$KAFKA_PORT (not started by this script; ApiVersions works)"
+  else
+    return 1
+  fi
+}
+
+answers_rocketmq() {
+  local v
+  if namesrv_pid >/dev/null || broker_pid >/dev/null; then
+    namesrv_pid >/dev/null && broker_pid >/dev/null && namesrv_ready && broker_ready || return 1
+    log "already running (namesrv pid $(namesrv_pid), broker pid $(broker_pid))"
+  elif rmq_broker_registered && v=$(rmq_broker_version) && [[ -n $v ]]; then
+    log "reusing the NameServer on 127.0.0.1:$NAMESRV_PORT and broker-a ($v) on 127.0.0.1:$BROKER_PORT (not started by this script)"
+    [[ $v == "V${ROCKETMQ_VERSION//./_}" ]] || log "WARNING: that broker is $v, the tests expect RocketMQ $ROCKETMQ_VERSION"
+  else
+    return 1
+  fi
+}
+
 # ------------------------------------------------------------------------------- commands
 
 print_env() {
@@ -683,7 +778,11 @@ run_parallel() {
   SVC=services die "failed: ${failed[*]}"
 }
 
-lock() { exec 9>"$CACHE/.lock"; flock 9; }
+# lock: one `up`/`down` at a time (flock(1) is util-linux: where there is none, e.g. macOS, no lock).
+lock() {
+  exec 9>"$CACHE/.lock"
+  if command -v flock >/dev/null 2>&1; then flock 9; fi
+}
 
 cmd=${1:-}
 [[ $# -gt 0 ]] && shift
@@ -697,17 +796,27 @@ case $cmd in
   up)
     mkdir -p "$CACHE"
     lock
-    # RocketMQ refuses writes once its disk is over 90 % full, and Kafka/Postgres fail late.
-    read -r disk_pct disk_avail < <(df -Pk "$CACHE" | awk 'NR == 2 {sub("%", "", $5); print $5, int($4 / 1024)}')
-    if ((disk_pct >= 85 || disk_avail < 2048)); then
-      log "WARNING: the disk holding $CACHE is ${disk_pct}% full (${disk_avail} MiB free); brokers may refuse writes"
+    # First, per service: does it already answer on its port? Then it is used as it is, and
+    # nothing is installed or started for it.
+    need=()
+    for s in "${services[@]}"; do
+      SVC=$s
+      "answers_$s" || need+=("$s")
+    done
+    SVC=services
+    if ((${#need[@]})); then
+      # RocketMQ refuses writes once its disk is over 90 % full, and Kafka/Postgres fail late.
+      read -r disk_pct disk_avail < <(df -Pk "$CACHE" | awk 'NR == 2 {sub("%", "", $5); print $5, int($4 / 1024)}')
+      if ((disk_pct >= 85 || disk_avail < 2048)); then
+        log "WARNING: the disk holding $CACHE is ${disk_pct}% full (${disk_avail} MiB free); brokers may refuse writes"
+      fi
+      ensure_packages "${need[@]}"
+      JAVA=
+      if [[ " ${need[*]} " == *" kafka "* || " ${need[*]} " == *" rocketmq "* ]]; then
+        find_java || die "no Java 17+ found"
+      fi
+      run_parallel up "${need[@]}"
     fi
-    ensure_packages "${services[@]}"
-    JAVA=
-    if [[ " ${services[*]} " == *" kafka "* || " ${services[*]} " == *" rocketmq "* ]]; then
-      find_java || die "no Java 17+ found"
-    fi
-    run_parallel up "${services[@]}"
     log "all up: ${services[*]}"
     print_env
     ;;
