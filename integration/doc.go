@@ -35,9 +35,14 @@
 //	S14 clock skew: leases and retention in database time                                   TestS14ClockSkewUsesDatabaseTime
 //	S15 a duplicate input publishes nothing new                                             TestOutboxS15DuplicateInputPublishesNothingNew
 //	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
+//	S17 a message that kills its consumer: lease owners that die; atomic and batched          TestS17LeaseOwnersThatDieAreBounded, TestS17CrashLoopKafka, TestS17CrashLoopRocketMQ
+//	    modes with real SIGKILLs (Kafka, RocketMQ)
 //
-// Beside them: many copies at once (TestConcurrentCopiesApplyOnce), real
-// process kills mid-stream (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
+// Beside them: the cost of start markers counted statement by statement
+// (TestCrashLoopMarkersCostNothingOnFirstDeliveries) and their rules on
+// Postgres (TestStartMarkerCountsRunsThatDied); many copies at once
+// (TestConcurrentCopiesApplyOnce), real process kills mid-stream
+// (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
 // TestRocketMQTwoProcessesKillMidRun), bad input (TestKafkaBadInput), retries
 // through the real %RETRY% topic, batched mode, the outbox relay under load
 // and broker outages, metrics, tracing and the CLI.
