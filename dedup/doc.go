@@ -109,20 +109,26 @@
 //     its marker ([Store.ClearStart]): only a death leaves it. Watermarks are
 //     one row per lane, never purged.
 //
-// Measured by make bench (BenchmarkCrashLoopOverhead: Postgres 15 on the
-// same 2-core machine, whose durable commit took 1 to 3 ms under the load
-// of parallel test runs; markers off and on alternate message by message):
+// Measured by make bench (BenchmarkCrashLoopOverhead, Postgres 15 on a
+// shared 2-core machine; markers off and on alternate message by message,
+// per message, in a quiet run where a plain transaction took 0.34 ms):
 //
-//	first delivery            +2 to +4 µs per message (1 upsert per 1001 offsets), within noise of a 1.7–2.8 ms delivery
-//	replay of a final record  0.27–0.30 ms instead of 1.9–2.1 ms (one read instead of a claim transaction)
-//	replay, not final         +3.6–4.0 ms (the marker's transaction with its commit, and a claim that finds
-//	                          the marker's record: 3 more round trips than a first delivery's claim)
-//	MarkStart alone           1.3–3.3 ms (3 round trips and a commit for a new identity)
+//	                          markers off   markers on
+//	first delivery            759 µs        749 µs    the difference is noise: 1 upsert per 1001 offsets
+//	replay of a final record  1132 µs       253 µs    one read instead of a claim transaction
+//	replay, not final         746 µs (new)  1904 µs   +1.16 ms: the marker's transaction (a commit) and
+//	                                                  3 more round trips in the run's claim
+//	MarkStart alone                         531 µs    3 round trips and a commit, new identity
 //
-// Only a lane's suspects after a restart pay the third line: at most one per
-// Kafka lane in atomic mode, BatchSize in batched mode, InFlight per RocketMQ
-// queue. A first delivery runs none of the crash-loop statements but the
-// watermark upsert (the integration tests count them statement by
+// Under the load of parallel test runs (commits of 1 to 3 ms) the same pairs
+// gave a first delivery −159 to +124 µs (noise), a replay of a final record
+// 0.27 ms instead of 1.9–2.8 ms, and a replay that is not final +3.6 to
+// +4.0 ms.
+//
+// Only a lane's suspects after a restart pay "replay, not final": at most
+// one per Kafka lane in atomic mode, BatchSize in batched mode, InFlight per
+// RocketMQ queue. A first delivery runs none of the crash-loop statements but
+// the watermark upsert (the integration tests count them statement by
 // statement). consumer.Config.CrashLoop.Off turns it all off.
 //
 // # States
