@@ -66,8 +66,11 @@ end
 // vanished and its index was dropped (call again as a new delivery);
 // {"RUN", attempts, fence, record message ID, record business key};
 // {"HELD"|"DUP", status, attempts, matched}; {"CONFLICT", status, attempts,
-// matched, dead-letter ID or ""}; {"EXHAUSTED", attempts, matched,
-// dead-letter ID}.
+// matched, dead-letter ID or "", reason (message_id_collision or
+// payload_conflict), record business key}; {"EXHAUSTED", attempts, matched,
+// dead-letter ID}. A record without a fingerprint (bad input that could not
+// be fingerprinted) that was re-driven takes the delivery's fingerprint
+// when matched by message ID.
 var claimScript = redis.NewScript(prelude + routing + `
 local rec, bki, lease, dl = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local mid, bk = ARGV[1], ARGV[2]
@@ -94,17 +97,27 @@ local r = redis.call('HMGET', rec, 'attempts', 'fence', 'fingerprint', 'message_
 local attempts, fence, fp, recmid, recbk = tonumber(r[1]), tonumber(r[2]), r[3], r[4], r[5] or ''
 local matched = 'message_id'
 if recmid ~= mid then matched = 'business_key' end
+if fp == '' and st == 'FAILED_RETRYABLE' and matched == 'message_id' then
+  -- Bad input rejected before its payload could be fingerprinted, re-driven
+  -- since: this copy gives the record its fingerprint and runs.
+  fp = ARGV[19]
+  redis.call('HSET', rec, 'fingerprint', fp)
+end
 local same = false
 for i = 1, nfp do
   if ARGV[18 + i] == fp then same = true end
 end
 if not same then
+  -- dedup.ConflictReason: two messages under one ID when matched by
+  -- message ID with another business key, else one intent, two payloads.
+  local reason = 'payload_conflict'
+  if matched == 'message_id' and recbk ~= bk then reason = 'message_id_collision' end
   local id = ''
   if redis.call('SET', KEYS[5], '1', 'NX', 'PX', ARGV[11]) then
-    id = deadletter(recmid, 'fingerprint_conflict',
-      'idemq: same identity, different payload: matches record ' .. recmid .. ' by ' .. matched, attempts)
+    id = deadletter(recmid, reason,
+      'idemq: ' .. string.gsub(reason, '_', ' ') .. ': matches record ' .. recmid .. ' by ' .. matched .. ' with a different payload', attempts)
   end
-  return {'CONFLICT', st, attempts, matched, id}
+  return {'CONFLICT', st, attempts, matched, id, reason, recbk}
 end
 if st == 'SUCCEEDED' or st == 'FAILED_FINAL' then
   return {'DUP', st, attempts, matched}
@@ -199,7 +212,10 @@ return {1, id}
 // KEYS[1] is the record the business key pointed to, 4 that record's
 // message ID, 5 final-record TTL ms, 6 error text, 7 error class, 8 reason,
 // 9 dead-letter retention ms, 10 topic, 11 key, 12 payload, 13 headers
-// JSON, 14 source, 15 scope, 16 reconsume times. Replies {"BK", message ID},
+// JSON, 14 source, 15 scope, 16 reconsume times, 17 the payload's
+// fingerprint "<key ID>:<hex>" ("" when it could not be made), kept by a
+// record created here so that, once re-driven, the next copy matches it.
+// Replies {"BK", message ID},
 // {"GONE"} as claimScript; {"DUP"|"HELD", status, attempts, matched};
 // {"DEAD", attempts, dead-letter ID, matched}.
 var rejectScript = redis.NewScript(prelude + routing + `
@@ -213,7 +229,7 @@ if not st then
   local elsewhere = route()
   if elsewhere then return elsewhere end
   redis.call('HSET', rec, 'scope', ARGV[15], 'message_id', mid, 'business_key', bk, 'attempts', 0,
-    'fence', 0, 'fingerprint', '', 'created_ms', now)
+    'fence', 0, 'fingerprint', ARGV[17], 'created_ms', now)
   recbk = bk
 elseif st == 'SUCCEEDED' or st == 'FAILED_FINAL' then
   return {'DUP', st, attempts, matched}
