@@ -35,12 +35,19 @@
 //	S14 clock skew: leases and retention in database time                                   TestS14ClockSkewUsesDatabaseTime
 //	S15 a duplicate input publishes nothing new                                             TestOutboxS15DuplicateInputPublishesNothingNew
 //	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
+//	S20 blank message IDs and business keys fall back to the position / none                 TestS20BlankMessageIDs, TestRocketMQS20BlankMessageIDProperty
 //
 // Beside them: many copies at once (TestConcurrentCopiesApplyOnce), real
 // process kills mid-stream (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
 // TestRocketMQTwoProcessesKillMidRun), bad input (TestKafkaBadInput), retries
 // through the real %RETRY% topic, batched mode, the outbox relay under load
-// and broker outages, metrics, tracing and the CLI.
+// and broker outages, metrics, tracing and the CLI. Conflicts carry the
+// reason of their kind in every mode and store (TestConflictReasons); a
+// re-driven bad_input record runs its next copy (TestRedrivenBadInputRuns);
+// a message-ID collision's dead letter is re-driven as a new message with
+// the CLI on Kafka and RocketMQ, once, audited, refused for payload
+// conflicts without -force (TestRedriveAsNewCLI, TestRocketMQRedriveAsNewCLI,
+// TestRedriveAsNewPublishFailsThenRepeats).
 //
 // The Redis-only store (dedup/redisstore) has its own set: 20 copies at once
 // (TestRedisStoreConcurrentCopiesApplyOnce); duplicates and conflicts by

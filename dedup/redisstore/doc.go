@@ -22,8 +22,13 @@
 // SucceededRetention (SUCCEEDED) or FailedRetention (anything else); dead
 // letters are trimmed after FailedRetention. Times are the Redis server's.
 //
+// Conflicts are dead-lettered with the reason of their kind
+// (dedup.ConflictReason), and a conflict's dead letter can be re-driven as a
+// new message (RedriveAsNew, audited in a hash "…:redrive:<dead-letter ID>").
+//
 // Keys are "<Prefix>:{<scope digest>}:rec:<message ID>", "…:bk:<business
-// key>", "…:lease:<message ID>" and "…:dead_letters": all keys of one scope
+// key>", "…:lease:<message ID>", "…:dead_letters" and
+// "…:redrive:<dead-letter ID>": all keys of one scope
 // share a hash tag, hence one slot on Redis Cluster, which the scripts
 // need; a very busy scope therefore lives on one shard. It needs Redis 6.2
 // or later (XADD … MINID); the tests run on Redis 7.0 from Debian.
