@@ -327,7 +327,19 @@ func TestRocketMQRedriveAsNewCLI(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), derived) {
 		t.Fatalf("redrive -as-new: %v\n%s", err, out)
 	}
-	eventually(t, 60*time.Second, "the re-driven message", func() bool { return calls.get(derived) == 1 })
+	// Observe runs once the outcome is durable (the handler's call is counted
+	// before its transaction commits).
+	eventually(t, 60*time.Second, "the re-driven message", func() bool {
+		for _, o := range obs.all() {
+			if o.d.Message.Identity.MessageID == derived && o.res.Outcome == dedup.OutcomeProcessed {
+				return true
+			}
+		}
+		return false
+	})
+	if calls.get(derived) != 1 {
+		t.Fatalf("handler calls for %s = %d, want 1", derived, calls.get(derived))
+	}
 	if r := e.record(group, derived); r.Status != dedup.StatusSucceeded || r.BusinessKey != "o-2" {
 		t.Fatalf("record of the re-driven message: %+v", r)
 	}
