@@ -38,9 +38,12 @@
 //
 // Beside them: many copies at once (TestConcurrentCopiesApplyOnce), real
 // process kills mid-stream (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
-// TestRocketMQTwoProcessesKillMidRun), bad input (TestKafkaBadInput), retries
-// through the real %RETRY% topic, batched mode, the outbox relay under load
-// and broker outages, metrics, tracing and the CLI.
+// TestRocketMQTwoProcessesKillMidRun), generation-fenced Kafka commits: a
+// rebalance while a consumer holds fetched deliveries never moves a group
+// offset back, in every mode (TestKafkaGenerationFencedCommits), bad input
+// (TestKafkaBadInput), retries through the real %RETRY% topic, batched mode,
+// the outbox relay under load and broker outages, metrics, tracing and the
+// CLI.
 //
 // The Redis-only store (dedup/redisstore) has its own set: 20 copies at once
 // (TestRedisStoreConcurrentCopiesApplyOnce); duplicates and conflicts by
