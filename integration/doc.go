@@ -35,6 +35,7 @@
 //	S14 clock skew: leases and retention in database time                                   TestS14ClockSkewUsesDatabaseTime
 //	S15 a duplicate input publishes nothing new                                             TestOutboxS15DuplicateInputPublishesNothingNew
 //	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
+//	S18 a reply lost and the call retried: every Redis script; Postgres lease claim and marks  TestS18RedisClaimReplyLost, TestRedisScriptRepliesLost, TestLeaseCallAnswersLost
 //
 // Beside them: many copies at once (TestConcurrentCopiesApplyOnce), real
 // process kills mid-stream (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
@@ -54,5 +55,8 @@
 // lease, bounded by MaxAttempts; shutdown and Redis down; a Kafka consumer
 // with a full replay (TestRedisStoreKafkaConsumerAppliesOnce); and every
 // script path on a Redis Cluster node started by the test, which refuses
-// keys of different slots (TestRedisStoreOnRedisCluster).
+// keys of different slots (TestRedisStoreOnRedisCluster). A TCP proxy
+// written for the tests (faultProxy) loses one reply of a real Redis or
+// Postgres and closes the connection, for S18 and for the fast path's
+// Remember (TestRedisFastPathRememberReplyLost).
 package integration
