@@ -12,14 +12,20 @@
 // message ID or non-empty business key already has a record in the same scope
 // is a duplicate. Keys longer than [MaxKeyBytes] bytes, or not valid UTF-8, or
 // holding NUL, are stored as "sha256:<hex>" of their raw bytes ([NormalizeKey]).
+// A key of only white space is no key ([IsBlank]): a blank message ID falls
+// back to the broker position, a blank business key is none.
 //
 // # Fingerprint and conflicts
 //
 // Every record stores an HMAC-SHA256 fingerprint of the payload, keyed by a
 // secret with a key ID so that secrets rotate ([Fingerprinter]). A delivery
 // with a known identity and a different fingerprint is a conflict: it is never
-// applied and never silently skipped; it goes to the dead-letter table with
-// reason [ReasonFingerprintConflict] and is then acknowledged.
+// applied and never silently skipped; it goes to the dead-letter table and is
+// then acknowledged. Its reason says which kind ([ConflictReason]):
+// [ReasonMessageIDCollision] when it matched the record by message ID and its
+// business key differs (two messages under one ID; [Store.RedriveAsNew]
+// processes it under a derived ID and keeps both records), else
+// [ReasonPayloadConflict] (one intent, two payloads; the record stands).
 //
 // # Atomic mode
 //
@@ -69,6 +75,8 @@
 //	                      │ └──retryable err──▶ FAILED_RETRYABLE ──claim again──▶ PROCESSING
 //	                      └──permanent err / attempts exhausted──▶ FAILED_FINAL (+ dead letter)
 //	operator re-drive: FAILED_FINAL ──▶ FAILED_RETRYABLE
+//	operator re-drive as new (conflicts): the dead letter is published again
+//	  under "<message ID>#redrive-<dead-letter ID>" and gets a record of its own
 //
 // # Schema
 //

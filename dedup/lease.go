@@ -264,7 +264,7 @@ func RunLease(ctx context.Context, msg *Message, l Lease, h LeaseHandler, opt Le
 	}
 	res.Err, res.Status, res.Outcome, res.DeadLetterID = herr, status, OutcomeRetry, dlID
 	if status == StatusFailedFinal {
-		res.Outcome = OutcomeDeadLetter
+		res.Outcome, res.Reason = OutcomeDeadLetter, reason
 	}
 	return res, nil
 }

@@ -36,6 +36,7 @@
 //	S15 a duplicate input publishes nothing new                                             TestOutboxS15DuplicateInputPublishesNothingNew
 //	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
 //	S18 a reply lost and the call retried: every Redis script; Postgres lease claim and marks  TestS18RedisClaimReplyLost, TestRedisScriptRepliesLost, TestLeaseCallAnswersLost
+//	S20 blank message IDs and business keys fall back to the position / none                 TestS20BlankMessageIDs, TestRocketMQS20BlankMessageIDProperty
 //
 // Beside them: many copies at once (TestConcurrentCopiesApplyOnce), real
 // process kills mid-stream (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
@@ -44,7 +45,13 @@
 // offset back, in every mode (TestKafkaGenerationFencedCommits), bad input
 // (TestKafkaBadInput), retries through the real %RETRY% topic, batched mode,
 // the outbox relay under load and broker outages, metrics, tracing and the
-// CLI.
+// CLI. Conflicts carry the reason of their kind in every mode and store
+// (TestConflictReasons); a re-driven bad_input record runs its next copy
+// (TestRedrivenBadInputRuns); a message-ID collision's dead letter is
+// re-driven as a new message with the CLI on Kafka and RocketMQ, once,
+// audited, refused for payload conflicts without -force
+// (TestRedriveAsNewCLI, TestRocketMQRedriveAsNewCLI,
+// TestRedriveAsNewPublishFailsThenRepeats).
 //
 // The Redis-only store (dedup/redisstore) has its own set: 20 copies at once
 // (TestRedisStoreConcurrentCopiesApplyOnce); duplicates and conflicts by

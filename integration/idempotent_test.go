@@ -157,8 +157,9 @@ func TestRedisScriptRepliesLost(t *testing.T) {
 	oneDeadLetter := func(t *testing.T, s *redisstore.Store, res dedup.Result, reason string) {
 		t.Helper()
 		dls, err := s.DeadLetters(context.Background(), "billing", 0, 10)
-		if err != nil || len(dls) != 1 || dls[0].Reason != reason || res.DeadLetterID == 0 || res.DeadLetterID != dls[0].ID {
-			t.Fatalf("dead letters = %+v, %v; result's dead-letter ID %d: want exactly one, %s, with that ID", dls, err, res.DeadLetterID, reason)
+		if err != nil || len(dls) != 1 || dls[0].Reason != reason || res.DeadLetterID == 0 || res.DeadLetterID != dls[0].ID || res.Reason != reason {
+			t.Fatalf("dead letters = %+v, %v; result's dead-letter ID %d, reason %q: want exactly one, %s, with that ID and reason",
+				dls, err, res.DeadLetterID, res.Reason, reason)
 		}
 	}
 
@@ -218,23 +219,31 @@ func TestRedisScriptRepliesLost(t *testing.T) {
 		oneDeadLetter(t, s, r, dedup.ReasonAttemptsExhausted)
 	})
 
-	// A conflicting payload: the retried claim answers the conflict with the
-	// dead letter its first run wrote.
-	t.Run("claim-conflict", func(t *testing.T) {
-		t.Parallel()
-		s, p := proxiedRedisStore(t, nil)
-		ctx := context.Background()
-		if r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-conf", "", "x"), ok, dedup.LeaseOptions{}); err != nil || r.Outcome != dedup.OutcomeProcessed {
-			t.Fatalf("first: %+v, %v", r, err)
-		}
-		p.DropReplyOnce(claimOf("m-conf"))
-		r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-conf", "", "other payload"), mustNotRun(t), dedup.LeaseOptions{})
-		p.WaitDropped(1)
-		if err != nil || r.Outcome != dedup.OutcomeConflict || !errors.Is(r.Err, dedup.ErrFingerprintConflict) {
-			t.Fatalf("conflicting copy: %+v, %v; want a conflict", r, err)
-		}
-		oneDeadLetter(t, s, r, dedup.ReasonFingerprintConflict)
-	})
+	// A conflicting payload, of each kind: the retried claim answers the
+	// conflict with the dead letter its first run wrote, and its reason.
+	for _, tc := range []struct {
+		reason, bk string
+		kind       error
+	}{
+		{dedup.ReasonPayloadConflict, "order-1", dedup.ErrPayloadConflict},       // the same business key
+		{dedup.ReasonMessageIDCollision, "order-2", dedup.ErrMessageIDCollision}, // another one under the same ID
+	} {
+		t.Run("claim-conflict/"+tc.reason, func(t *testing.T) {
+			t.Parallel()
+			s, p := proxiedRedisStore(t, nil)
+			ctx := context.Background()
+			if r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-conf", "order-1", "x"), ok, dedup.LeaseOptions{}); err != nil || r.Outcome != dedup.OutcomeProcessed {
+				t.Fatalf("first: %+v, %v", r, err)
+			}
+			p.DropReplyOnce(claimOf("m-conf"))
+			r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-conf", tc.bk, "other payload"), mustNotRun(t), dedup.LeaseOptions{})
+			p.WaitDropped(1)
+			if err != nil || r.Outcome != dedup.OutcomeConflict || !errors.Is(r.Err, dedup.ErrFingerprintConflict) || !errors.Is(r.Err, tc.kind) {
+				t.Fatalf("conflicting copy: %+v, %v; want a conflict (%v)", r, err, tc.kind)
+			}
+			oneDeadLetter(t, s, r, tc.reason)
+		})
+	}
 
 	// The watchdog's renewal: its retry still finds the lease its own.
 	t.Run("renew", func(t *testing.T) {
@@ -369,7 +378,8 @@ func TestRedisScriptRepliesLost(t *testing.T) {
 	})
 
 	// A rejection (bad input): the retried one answers the dead letter its
-	// first run wrote, not "duplicate".
+	// first run wrote, not "duplicate"; the record kept the payload's
+	// fingerprint, so once re-driven the next copy runs.
 	t.Run("reject", func(t *testing.T) {
 		t.Parallel()
 		s, p := proxiedRedisStore(t, nil)
@@ -381,6 +391,12 @@ func TestRedisScriptRepliesLost(t *testing.T) {
 			t.Fatalf("%+v, %v; want a dead letter", r, err)
 		}
 		oneDeadLetter(t, s, r, dedup.ReasonBadInput)
+		if err := s.Redrive(ctx, "billing", "m-bad"); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-bad", "", "x"), ok, dedup.LeaseOptions{}); err != nil || r.Outcome != dedup.OutcomeProcessed {
+			t.Fatalf("copy after the re-drive: %+v, %v; want processed", r, err)
+		}
 	})
 }
 

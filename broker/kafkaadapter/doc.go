@@ -5,7 +5,8 @@
 //
 // The message ID is the value of the "message-id" header
 // ([Config.MessageIDHeader]), as set by idemq's outbox relay or any producer that
-// stamps one. A message without it gets the position identity
+// stamps one. A message without it, or whose value is blank ("", " ", "\t",
+// any white space: dedup.IsBlank), gets the position identity
 // "kafka:<topic>/<partition>/<offset>", stable across consumer redelivery but
 // not across producer retries: give producers a message-id header or a
 // business key (consumer.Config.BusinessKey) to catch those. The record key

@@ -262,12 +262,18 @@ func ToDelivery(m kafka.Message, header string) consumer.Delivery {
 	if !m.Time.IsZero() {
 		t = m.Time
 	}
+	// A blank header ("", " ", "\t" …) is no message ID (dedup.IsBlank): the
+	// position identity applies, so blank-header messages never share one.
+	id := headers[header]
+	if dedup.IsBlank(id) {
+		id = ""
+	}
 	return consumer.Delivery{
 		Message: &dedup.Message{
 			Topic: m.Topic, Key: m.Key, Payload: m.Value, Headers: headers, Source: pos,
 			Partition: m.Partition, Offset: m.Offset, Time: t,
 		},
-		MessageID: headers[header],
+		MessageID: id,
 		Position:  pos,
 		Lane:      m.Topic + "/" + strconv.Itoa(m.Partition),
 		Offset:    m.Offset,

@@ -111,6 +111,7 @@ func redriveReply(scope, messageID, st string) error {
 // (1 to 10000; 0 means 100), starting after ID afterID (0 for the start). A
 // dead letter's ID is its stream entry ID "<ms>-<seq>" as ms·1,000,000+seq.
 // Dead letters are trimmed once older than Config.FailedRetention.
+// RedrivenAs is set for dead letters re-driven with RedriveAsNew.
 func (s *Store) DeadLetters(ctx context.Context, scope string, afterID int64, limit int) ([]dedup.DeadLetter, error) {
 	if limit <= 0 {
 		limit = 100
@@ -126,8 +127,19 @@ func (s *Store) DeadLetters(ctx context.Context, scope string, afterID int64, li
 	if err != nil {
 		return nil, fmt.Errorf("idemq/redisstore: dead letters: %w", err)
 	}
+	k := s.keysOf(scope)
+	pipe := s.c.Pipeline()
+	as := make([]*redis.StringCmd, len(entries))
+	for i, e := range entries {
+		as[i] = pipe.HGet(ctx, k.redrive(streamID(e.ID)), "new_message_id")
+	}
+	if len(entries) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("idemq/redisstore: dead letters: %w", err)
+		}
+	}
 	out := make([]dedup.DeadLetter, 0, len(entries))
-	for _, e := range entries {
+	for i, e := range entries {
 		f := func(k string) string { v, _ := e.Values[k].(string); return v }
 		attempts, _ := strconv.Atoi(f("attempts"))
 		created, _ := strconv.ParseInt(f("created_ms"), 10, 64)
@@ -137,6 +149,7 @@ func (s *Store) DeadLetters(ctx context.Context, scope string, afterID int64, li
 		if err := json.Unmarshal([]byte(f("headers")), &d.Headers); err != nil {
 			d.Headers = nil
 		}
+		d.RedrivenAs = as[i].Val()
 		out = append(out, d)
 	}
 	return out, nil

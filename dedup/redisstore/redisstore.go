@@ -288,7 +288,7 @@ func claimReply(id dedup.Identity, recMID string, token uuid.UUID, v []any) (*cl
 		return &claimed{lease: l, recordMID: recID.MessageID, recordBK: recID.BusinessKey}, dedup.Result{}, nil
 	case "EXHAUSTED":
 		return nil, dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: int(num(v, 1)),
-			MatchedBy: dedup.MatchedBy(str(v, 2)), DeadLetterID: streamID(str(v, 3)),
+			MatchedBy: dedup.MatchedBy(str(v, 2)), DeadLetterID: streamID(str(v, 3)), Reason: dedup.ReasonAttemptsExhausted,
 			Err: fmt.Errorf("idemq/redisstore: %s: attempts exhausted: the last execution never reported an outcome", id)}, nil
 	}
 	res := dedup.Result{Status: dedup.Status(str(v, 1)), Attempts: int(num(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}
@@ -298,8 +298,12 @@ func claimReply(id dedup.Identity, recMID string, token uuid.UUID, v []any) (*cl
 	case "HELD":
 		res.Outcome, res.Err = dedup.OutcomeRetry, dedup.ErrLeaseHeld
 	case "CONFLICT":
-		res.Outcome, res.DeadLetterID = dedup.OutcomeConflict, streamID(str(v, 4))
-		res.Err = fmt.Errorf("%w: %s matches record %s by %s with a different payload", dedup.ErrFingerprintConflict, id, recMID, res.MatchedBy)
+		if r := str(v, 5); r != dedup.ReasonMessageIDCollision && r != dedup.ReasonPayloadConflict {
+			return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: unexpected reply %v", id, v)
+		}
+		res.Outcome, res.DeadLetterID, res.Reason = dedup.OutcomeConflict, streamID(str(v, 4)), str(v, 5)
+		res.Err = &dedup.ConflictError{Reason: res.Reason, Identity: id, MatchedBy: res.MatchedBy,
+			Record: dedup.Identity{Scope: id.Scope, MessageID: recMID, BusinessKey: str(v, 6)}}
 	default:
 		return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: unexpected reply %v", id, v)
 	}
@@ -407,9 +411,11 @@ func finishReply(v []any) (dlID int64, fenced bool, err error) {
 // (found by message ID or business key, or created) becomes FAILED_FINAL
 // with a dead letter holding the whole message, unless it already ended
 // (then OutcomeDuplicate) or a live lease holds it (OutcomeRetry with
-// dedup.ErrLeaseHeld). A record created here has no fingerprint, so a later
-// message with the same business key is a conflict, as with dedup.Store. A
-// nil cause becomes an error naming reason.
+// dedup.ErrLeaseHeld). A record created here keeps the payload's
+// fingerprint when one can be made, as with dedup.Store: once re-driven, the
+// next copy of the message runs the handler, and a later message with the
+// same business key and another payload is a conflict. A nil cause becomes
+// an error naming reason.
 func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, cause error) (dedup.Result, error) {
 	if msg == nil {
 		return dedup.Result{}, errors.New("idemq/redisstore: Reject: nil message")
@@ -421,22 +427,30 @@ func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, c
 	id := msg.Identity
 	k := s.keysOf(id.Scope)
 	token := uuid.NewString() // recognises a second run of this call's script (see prelude)
+	// The payload's fingerprint, when it can be made, stays with a record
+	// created here: re-driven, it then recognizes the next copy.
+	fp := ""
+	if sums, err := s.cfg.Fingerprinter.SumAll(msg.Payload); err == nil {
+		fp = sums[0].KeyID + ":" + hex.EncodeToString(sums[0].Sum)
+	}
 	v, _, err := follow(id, func(recMID string, viaBK bool) ([]any, error) {
 		rec := k.record(recMID)
 		args := []any{id.MessageID, id.BusinessKey, flag(viaBK), recMID, ms(s.cfg.FailedRetention),
 			pgtext.Clip(cause.Error(), s.cfg.MaxErrorBytes), dedup.ErrorClass(cause), reason, ms(s.cfg.FailedRetention)}
-		args = append(append(args, s.deadLetterArgs(msg)...), msg.Source, id.Scope, msg.ReconsumeTimes, token)
+		// ARGV 14 source, 15 scope, 16 reconsume times, 17 token, 18 fingerprint.
+		args = append(append(args, s.deadLetterArgs(msg)...), msg.Source, id.Scope, msg.ReconsumeTimes, token, fp)
 		keys := []string{rec, k.bkOrRecord(id.BusinessKey, rec), k.lease(recMID), k.deadLetters()}
 		return rejectScript.Run(ctx, s.c, keys, args...).Slice()
 	})
 	if err != nil {
 		return dedup.Result{}, fmt.Errorf("idemq/redisstore: reject %s: %w", id, err)
 	}
-	return rejectReply(id, cause, v)
+	return rejectReply(id, reason, cause, v)
 }
 
-// rejectReply reads rejectScript's final reply v (after follow).
-func rejectReply(id dedup.Identity, cause error, v []any) (dedup.Result, error) {
+// rejectReply reads rejectScript's final reply v (after follow) to a
+// rejection for reason.
+func rejectReply(id dedup.Identity, reason string, cause error, v []any) (dedup.Result, error) {
 	switch str(v, 0) {
 	case "DUP":
 		return dedup.Result{Outcome: dedup.OutcomeDuplicate, Status: dedup.Status(str(v, 1)), Attempts: int(num(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}, nil
@@ -445,7 +459,7 @@ func rejectReply(id dedup.Identity, cause error, v []any) (dedup.Result, error) 
 			MatchedBy: dedup.MatchedBy(str(v, 3)), Err: dedup.ErrLeaseHeld}, nil
 	case "DEAD":
 		return dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: int(num(v, 1)),
-			Err: cause, DeadLetterID: streamID(str(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}, nil
+			Err: cause, DeadLetterID: streamID(str(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3)), Reason: reason}, nil
 	}
 	return dedup.Result{}, fmt.Errorf("idemq/redisstore: reject %s: unexpected reply %v", id, v)
 }

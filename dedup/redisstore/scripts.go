@@ -25,7 +25,8 @@ import "github.com/redis/go-redis/v9"
 //     this claim's ("RUN" again, with the same attempts and fence); a claim
 //     that found the attempts used up keeps its token in closed_by and the
 //     dead letter's ID in dead_letter ("EXHAUSTED" again); a conflict marker
-//     holds "<owner token> <dead-letter ID>" ("CONFLICT" with that ID);
+//     holds "<owner token> <dead-letter ID> <reason>" ("CONFLICT" with that
+//     ID and reason);
 //   - completion, failure, release (owner token and fence): the record keeps
 //     owner and fence after the lease ends, and dead_letter; a record no
 //     longer PROCESSING under the same owner and fence was ended by this
@@ -94,13 +95,18 @@ end
 // vanished and its index was dropped (call again as a new delivery);
 // {"RUN", attempts, fence, record message ID, record business key};
 // {"HELD"|"DUP", status, attempts, matched}; {"CONFLICT", status, attempts,
-// matched, dead-letter ID or ""}; {"EXHAUSTED", attempts, matched,
-// dead-letter ID}.
+// matched, dead-letter ID or "", reason (message_id_collision or
+// payload_conflict), record business key}; {"EXHAUSTED", attempts, matched,
+// dead-letter ID}. A record without a fingerprint (bad input that could not
+// be fingerprinted) that was re-driven takes the delivery's fingerprint
+// (ARGV[19]) when matched by message ID.
 //
 // A second run with the same owner token answers as the first: "RUN" with
 // the same attempts and fence while the record is still this owner's
 // PROCESSING (its lease set again if it lapsed meanwhile), "EXHAUSTED" with
-// the same dead-letter ID, and "CONFLICT" with the same dead-letter ID.
+// the same dead-letter ID, and "CONFLICT" with the same dead-letter ID and
+// reason (the conflict marker KEYS[5] holds "<owner token> <dead-letter ID>
+// <reason>").
 var claimScript = redis.NewScript(prelude + routing + `
 local rec, bki, lease, dl = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local mid, bk, token = ARGV[1], ARGV[2], ARGV[5]
@@ -134,21 +140,39 @@ if st == 'PROCESSING' and r[6] == token then
   return {'RUN', attempts, fence, recmid, recbk}
 end
 if r[7] == token then return {'EXHAUSTED', attempts, matched, r[8] or ''} end
+if fp == '' and st == 'FAILED_RETRYABLE' and matched == 'message_id' then
+  -- Bad input rejected before its payload could be fingerprinted, re-driven
+  -- since: this copy gives the record its fingerprint and runs.
+  fp = ARGV[19]
+  redis.call('HSET', rec, 'fingerprint', fp)
+end
 local same = false
 for i = 1, nfp do
   if ARGV[18 + i] == fp then same = true end
 end
 if not same then
+  -- dedup.ConflictReason: two messages under one ID when matched by
+  -- message ID with another business key, else one intent, two payloads.
+  local reason = 'payload_conflict'
+  if matched == 'message_id' and recbk ~= bk then reason = 'message_id_collision' end
   local id = ''
   local mark = redis.call('GET', KEYS[5])
   if not mark then
-    id = deadletter(recmid, 'fingerprint_conflict',
-      'idemq: same identity, different payload: matches record ' .. recmid .. ' by ' .. matched, attempts)
-    redis.call('SET', KEYS[5], token .. ' ' .. id, 'PX', ARGV[11])
+    id = deadletter(recmid, reason,
+      'idemq: ' .. string.gsub(reason, '_', ' ') .. ': matches record ' .. recmid .. ' by ' .. matched .. ' with a different payload', attempts)
+    redis.call('SET', KEYS[5], token .. ' ' .. id .. ' ' .. reason, 'PX', ARGV[11])
   elseif string.sub(mark, 1, #token + 1) == token .. ' ' then
-    id = string.sub(mark, #token + 2) -- a second run of the claim that wrote it
+    -- A second run of the claim that wrote it: its dead letter and reason
+    -- (a marker "<token> <ID>" without a reason keeps the one found now).
+    local rest = string.sub(mark, #token + 2)
+    local sp = string.find(rest, ' ', 1, true)
+    if sp then
+      id, reason = string.sub(rest, 1, sp - 1), string.sub(rest, sp + 1)
+    else
+      id = rest
+    end
   end
-  return {'CONFLICT', st, attempts, matched, id}
+  return {'CONFLICT', st, attempts, matched, id, reason, recbk}
 end
 if st == 'SUCCEEDED' or st == 'FAILED_FINAL' then
   return {'DUP', st, attempts, matched}
@@ -250,10 +274,12 @@ return {1, id}
 // message ID, 5 final-record TTL ms, 6 error text, 7 error class, 8 reason,
 // 9 dead-letter retention ms, 10 topic, 11 key, 12 payload, 13 headers
 // JSON, 14 source, 15 scope, 16 reconsume times, 17 a token fresh for
-// each Reject call. Replies {"BK", message ID}, {"GONE"} as claimScript;
-// {"DUP"|"HELD", status, attempts, matched}; {"DEAD", attempts, dead-letter
-// ID, matched}. A second run with the same token returns the first run's
-// "DEAD" reply.
+// each Reject call, 18 the payload's fingerprint "<key ID>:<hex>" ("" when
+// it could not be made), kept by a record created here so that, once
+// re-driven, the next copy matches it. Replies {"BK", message ID}, {"GONE"}
+// as claimScript; {"DUP"|"HELD", status, attempts, matched}; {"DEAD",
+// attempts, dead-letter ID, matched}. A second run with the same token
+// returns the first run's "DEAD" reply.
 var rejectScript = redis.NewScript(prelude + routing + `
 local rec, bki, lease, dl = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local mid, bk = ARGV[1], ARGV[2]
@@ -266,7 +292,7 @@ if not st then
   local elsewhere = route()
   if elsewhere then return elsewhere end
   redis.call('HSET', rec, 'scope', ARGV[15], 'message_id', mid, 'business_key', bk, 'attempts', 0,
-    'fence', 0, 'fingerprint', '', 'created_ms', now)
+    'fence', 0, 'fingerprint', ARGV[18], 'created_ms', now)
   recbk = bk
 elseif st == 'SUCCEEDED' or st == 'FAILED_FINAL' then
   return {'DUP', st, attempts, matched}

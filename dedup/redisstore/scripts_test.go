@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,8 +70,10 @@ func testMsg(t *testing.T, mid, bk, payload string) *dedup.Message {
 }
 
 // Every store call answers the same whether each of its scripts ran once
-// or twice (S18): claim (new, takeover, attempts used up, conflict, by
-// business key), renew, complete, fail, release, re-drive and reject.
+// or twice (S18): claim (new, takeover, attempts used up, conflicts of
+// both kinds with their reasons, by business key, a re-driven record
+// taking its fingerprint), renew, complete, fail, release, re-drive and
+// reject (keeping the payload's fingerprint).
 func TestScriptsAnswerASecondRunTheSame(t *testing.T) {
 	ok := func(context.Context, *dedup.Message) error { return nil }
 	opt := dedup.LeaseOptions{TTL: 5 * time.Second, Heartbeat: -1}
@@ -81,9 +84,25 @@ func TestScriptsAnswerASecondRunTheSame(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			s, m := miniStore(t, twice, func(c *Config) { c.MaxAttempts = 2 })
+			var refuse atomic.Bool // the canonicalizer refuses every payload while set
+			s, m := miniStore(t, twice, func(c *Config) {
+				c.MaxAttempts = 2
+				fp, err := dedup.NewFingerprinter(func(b []byte) ([]byte, error) {
+					if refuse.Load() {
+						return nil, errors.New("schema not known yet")
+					}
+					return b, nil
+				}, dedup.FingerprintKey{ID: "k1", Secret: []byte("0123456789abcdef")})
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.Fingerprinter = fp
+			})
 			oneDeadLetter := func(r dedup.Result, mid, reason string) {
 				t.Helper()
+				if r.Reason != reason {
+					t.Fatalf("%s: result's reason %q, want %q", mid, r.Reason, reason)
+				}
 				dls, err := s.DeadLetters(ctx, "billing", 0, 100)
 				if err != nil {
 					t.Fatal(err)
@@ -111,12 +130,36 @@ func TestScriptsAnswerASecondRunTheSame(t *testing.T) {
 				t.Fatalf("m-2: %+v, %v; want a duplicate by business key", r, err)
 			}
 
-			// A conflict: one dead letter, its ID answered.
+			// A conflict of each kind: one dead letter each, its ID and
+			// reason answered.
 			r, err = s.ProcessLeased(ctx, testMsg(t, "m-1", "pay-1", "other"), ok, opt)
-			if err != nil || r.Outcome != dedup.OutcomeConflict {
-				t.Fatalf("conflict: %+v, %v", r, err)
+			if err != nil || r.Outcome != dedup.OutcomeConflict || !errors.Is(r.Err, dedup.ErrPayloadConflict) {
+				t.Fatalf("payload conflict: %+v, %v", r, err)
 			}
-			oneDeadLetter(r, "m-1", dedup.ReasonFingerprintConflict)
+			oneDeadLetter(r, "m-1", dedup.ReasonPayloadConflict)
+			r, err = s.ProcessLeased(ctx, testMsg(t, "m-1", "pay-9", "another"), ok, opt)
+			if err != nil || r.Outcome != dedup.OutcomeConflict || !errors.Is(r.Err, dedup.ErrMessageIDCollision) {
+				t.Fatalf("message-ID collision: %+v, %v", r, err)
+			}
+			var ce *dedup.ConflictError
+			if !errors.As(r.Err, &ce) || ce.Record.BusinessKey != "pay-1" || ce.Identity.BusinessKey != "pay-9" {
+				t.Fatalf("message-ID collision: Err %#v; want the record's business key pay-1", r.Err)
+			}
+			dls, err := s.DeadLetters(ctx, "billing", 0, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, d := range dls {
+				if d.MessageID == "m-1" {
+					got = append(got, d.Reason)
+				}
+			}
+			if len(got) != 2 || got[0] != dedup.ReasonPayloadConflict || got[1] != dedup.ReasonMessageIDCollision ||
+				dls[len(dls)-1].ID != r.DeadLetterID {
+				t.Fatalf("m-1 dead letters %v (last %d), result's ID %d; want payload_conflict, then message_id_collision with that ID",
+					got, dls[len(dls)-1].ID, r.DeadLetterID)
+			}
 
 			// A retryable failure, then a takeover at attempt 2.
 			r, err = s.ProcessLeased(ctx, testMsg(t, "m-3", "", "c"), func(context.Context, *dedup.Message) error { return errors.New("down") }, opt)
@@ -236,7 +279,8 @@ func TestScriptsAnswerASecondRunTheSame(t *testing.T) {
 				t.Fatalf("m-8 retryable failure after the re-drive: dead letter %d, fenced %v, %v; want none", dl, fenced, err)
 			}
 
-			// A rejection.
+			// A rejection: the record keeps the payload's fingerprint, so
+			// once re-driven the next copy runs.
 			r, err = s.Reject(ctx, testMsg(t, "m-7", "", "g"), dedup.ReasonBadInput, errors.New("no key"))
 			if err != nil || r.Outcome != dedup.OutcomeDeadLetter {
 				t.Fatalf("m-7: %+v, %v", r, err)
@@ -244,6 +288,42 @@ func TestScriptsAnswerASecondRunTheSame(t *testing.T) {
 			oneDeadLetter(r, "m-7", dedup.ReasonBadInput)
 			if r, err := s.Reject(ctx, testMsg(t, "m-7", "", "g"), dedup.ReasonBadInput, errors.New("no key")); err != nil || r.Outcome != dedup.OutcomeDuplicate {
 				t.Fatalf("m-7, a second, separate Reject: %+v, %v; want a duplicate", r, err)
+			}
+			sums, _ = s.cfg.Fingerprinter.SumAll([]byte("g"))
+			if rec, _ := s.Lookup(ctx, "billing", "m-7"); string(rec.Fingerprint) != string(sums[0].Sum) {
+				t.Fatalf("m-7 rejected record %+v; want the payload's fingerprint", rec)
+			}
+			if err := s.Redrive(ctx, "billing", "m-7"); err != nil {
+				t.Fatal(err)
+			}
+			if r, err := s.ProcessLeased(ctx, testMsg(t, "m-7", "", "g"), ok, opt); err != nil || r.Outcome != dedup.OutcomeProcessed {
+				t.Fatalf("m-7 after the re-drive: %+v, %v; want processed", r, err)
+			}
+
+			// A rejection of a payload that cannot be fingerprinted: after
+			// the re-drive, the next copy gives the record its fingerprint.
+			refuse.Store(true)
+			r, err = s.Reject(ctx, testMsg(t, "m-9", "", "i"), dedup.ReasonBadInput, errors.New("unknown schema"))
+			refuse.Store(false)
+			if err != nil || r.Outcome != dedup.OutcomeDeadLetter {
+				t.Fatalf("m-9: %+v, %v", r, err)
+			}
+			oneDeadLetter(r, "m-9", dedup.ReasonBadInput)
+			if rec, _ := s.Lookup(ctx, "billing", "m-9"); len(rec.Fingerprint) != 0 {
+				t.Fatalf("m-9 rejected record %+v; want no fingerprint", rec)
+			}
+			if err := s.Redrive(ctx, "billing", "m-9"); err != nil {
+				t.Fatal(err)
+			}
+			if r, err := s.ProcessLeased(ctx, testMsg(t, "m-9", "", "i"), ok, opt); err != nil || r.Outcome != dedup.OutcomeProcessed || r.Attempts != 1 {
+				t.Fatalf("m-9 after the re-drive: %+v, %v; want processed at attempt 1", r, err)
+			}
+			sums, _ = s.cfg.Fingerprinter.SumAll([]byte("i"))
+			if rec, _ := s.Lookup(ctx, "billing", "m-9"); rec.Status != dedup.StatusSucceeded || string(rec.Fingerprint) != string(sums[0].Sum) {
+				t.Fatalf("m-9 record %+v; want SUCCEEDED with the copy's fingerprint", rec)
+			}
+			if r, err := s.ProcessLeased(ctx, testMsg(t, "m-9", "", "j"), ok, opt); err != nil || r.Outcome != dedup.OutcomeConflict || r.Reason != dedup.ReasonPayloadConflict {
+				t.Fatalf("m-9, another payload: %+v, %v; want a payload conflict", r, err)
 			}
 		})
 	}
@@ -257,7 +337,8 @@ func TestClaimReply(t *testing.T) {
 		c.recordMID != "m-1" || c.lease.Record.MessageID != "m-1" || c.lease.Identity != id {
 		t.Fatalf("RUN: %+v, %+v, %v", c, res, err)
 	}
-	for _, bad := range [][]any{{"RUN", int64(0), int64(1), "m", ""}, {"RUN", int64(1), int64(1), "", ""}, {"RUN"}, {"WHAT"}, {}} {
+	for _, bad := range [][]any{{"RUN", int64(0), int64(1), "m", ""}, {"RUN", int64(1), int64(1), "", ""}, {"RUN"}, {"WHAT"}, {},
+		{"CONFLICT", "SUCCEEDED", int64(1), "message_id", ""}, {"CONFLICT", "SUCCEEDED", int64(1), "message_id", "", "fingerprint_conflict", ""}} {
 		if c, _, err := claimReply(id, "m-1", tok, bad); err == nil || c != nil {
 			t.Errorf("claimReply(%v) = %+v, nil error; want an error", bad, c)
 		}
@@ -268,9 +349,9 @@ func TestClaimReply(t *testing.T) {
 	}{
 		{[]any{"DUP", "SUCCEEDED", int64(1), "business_key"}, dedup.Result{Outcome: dedup.OutcomeDuplicate, Status: dedup.StatusSucceeded, Attempts: 1, MatchedBy: dedup.ByBusinessKey}},
 		{[]any{"HELD", "PROCESSING", int64(2), "message_id"}, dedup.Result{Outcome: dedup.OutcomeRetry, Status: dedup.StatusProcessing, Attempts: 2, MatchedBy: dedup.ByMessageID}},
-		{[]any{"CONFLICT", "SUCCEEDED", int64(1), "message_id", "1700000000000-3"}, dedup.Result{Outcome: dedup.OutcomeConflict, Status: dedup.StatusSucceeded, Attempts: 1, MatchedBy: dedup.ByMessageID, DeadLetterID: 1700000000000_000003}},
-		{[]any{"CONFLICT", "SUCCEEDED", int64(1), "message_id", ""}, dedup.Result{Outcome: dedup.OutcomeConflict, Status: dedup.StatusSucceeded, Attempts: 1, MatchedBy: dedup.ByMessageID}},
-		{[]any{"EXHAUSTED", int64(3), "message_id", "1700000000000-0"}, dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: 3, MatchedBy: dedup.ByMessageID, DeadLetterID: 1700000000000_000000}},
+		{[]any{"CONFLICT", "SUCCEEDED", int64(1), "message_id", "1700000000000-3", "message_id_collision", "a"}, dedup.Result{Outcome: dedup.OutcomeConflict, Status: dedup.StatusSucceeded, Attempts: 1, MatchedBy: dedup.ByMessageID, DeadLetterID: 1700000000000_000003, Reason: dedup.ReasonMessageIDCollision}},
+		{[]any{"CONFLICT", "SUCCEEDED", int64(1), "message_id", "", "payload_conflict", "b"}, dedup.Result{Outcome: dedup.OutcomeConflict, Status: dedup.StatusSucceeded, Attempts: 1, MatchedBy: dedup.ByMessageID, Reason: dedup.ReasonPayloadConflict}},
+		{[]any{"EXHAUSTED", int64(3), "message_id", "1700000000000-0"}, dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: 3, MatchedBy: dedup.ByMessageID, DeadLetterID: 1700000000000_000000, Reason: dedup.ReasonAttemptsExhausted}},
 	}
 	for _, tc := range cases {
 		c, res, err := claimReply(id, "m-1", tok, tc.reply)
@@ -282,8 +363,15 @@ func TestClaimReply(t *testing.T) {
 	if _, res, _ := claimReply(id, "m-1", tok, []any{"HELD", "PROCESSING", int64(1), "message_id"}); !errors.Is(res.Err, dedup.ErrLeaseHeld) {
 		t.Errorf("HELD: Err = %v, want ErrLeaseHeld", res.Err)
 	}
-	if _, res, _ := claimReply(id, "m-1", tok, []any{"CONFLICT", "SUCCEEDED", int64(1), "message_id", ""}); !errors.Is(res.Err, dedup.ErrFingerprintConflict) {
-		t.Errorf("CONFLICT: Err = %v, want ErrFingerprintConflict", res.Err)
+	if _, res, _ := claimReply(id, "m-1", tok, []any{"CONFLICT", "SUCCEEDED", int64(1), "message_id", "", "payload_conflict", "b"}); !errors.Is(res.Err, dedup.ErrFingerprintConflict) ||
+		!errors.Is(res.Err, dedup.ErrPayloadConflict) {
+		t.Errorf("CONFLICT: Err = %v, want ErrFingerprintConflict and ErrPayloadConflict", res.Err)
+	}
+	_, res, _ = claimReply(id, "m-1", tok, []any{"CONFLICT", "SUCCEEDED", int64(1), "message_id", "", "message_id_collision", "a"})
+	var ce *dedup.ConflictError
+	if !errors.As(res.Err, &ce) || !errors.Is(res.Err, dedup.ErrMessageIDCollision) ||
+		ce.Record != (dedup.Identity{Scope: "s", MessageID: "m-1", BusinessKey: "a"}) || ce.Identity != id || ce.MatchedBy != dedup.ByMessageID {
+		t.Errorf("CONFLICT (collision): Err = %#v, want a ConflictError naming record s/m-1/a", res.Err)
 	}
 }
 
@@ -305,17 +393,17 @@ func TestFinishAndRejectAndRedriveReplies(t *testing.T) {
 
 	id := dedup.Identity{Scope: "s", MessageID: "m"}
 	cause := errors.New("bad")
-	if r, err := rejectReply(id, cause, []any{"DEAD", int64(0), "1700000000000-1", "message_id"}); err != nil || r.Outcome != dedup.OutcomeDeadLetter ||
-		r.DeadLetterID != 1700000000000_000001 || r.Status != dedup.StatusFailedFinal || r.Err != cause {
+	if r, err := rejectReply(id, dedup.ReasonBadInput, cause, []any{"DEAD", int64(0), "1700000000000-1", "message_id"}); err != nil || r.Outcome != dedup.OutcomeDeadLetter ||
+		r.DeadLetterID != 1700000000000_000001 || r.Status != dedup.StatusFailedFinal || r.Err != cause || r.Reason != dedup.ReasonBadInput {
 		t.Errorf("DEAD: %+v, %v", r, err)
 	}
-	if r, err := rejectReply(id, cause, []any{"DUP", "FAILED_FINAL", int64(0), "message_id"}); err != nil || r.Outcome != dedup.OutcomeDuplicate {
+	if r, err := rejectReply(id, dedup.ReasonBadInput, cause, []any{"DUP", "FAILED_FINAL", int64(0), "message_id"}); err != nil || r.Outcome != dedup.OutcomeDuplicate {
 		t.Errorf("DUP: %+v, %v", r, err)
 	}
-	if r, err := rejectReply(id, cause, []any{"HELD", "PROCESSING", int64(1), "message_id"}); err != nil || r.Outcome != dedup.OutcomeRetry || !errors.Is(r.Err, dedup.ErrLeaseHeld) {
+	if r, err := rejectReply(id, dedup.ReasonBadInput, cause, []any{"HELD", "PROCESSING", int64(1), "message_id"}); err != nil || r.Outcome != dedup.OutcomeRetry || !errors.Is(r.Err, dedup.ErrLeaseHeld) {
 		t.Errorf("HELD: %+v, %v", r, err)
 	}
-	if _, err := rejectReply(id, cause, []any{"NOPE"}); err == nil {
+	if _, err := rejectReply(id, dedup.ReasonBadInput, cause, []any{"NOPE"}); err == nil {
 		t.Error("unexpected reject reply: nil error")
 	}
 
