@@ -42,6 +42,12 @@
 // through the real %RETRY% topic, batched mode, the outbox relay under load
 // and broker outages, metrics, tracing and the CLI.
 //
+// Optional dependencies fail fast: Redis stopped for 10 s in the middle of
+// 5,000 messages leaves effects exactly once while the fast path's circuit
+// breaker opens once and closes once (TestFastPathRedisOutageMidStream), and
+// BenchmarkFastPathRedisDown holds throughput with Redis down to Postgres
+// only.
+//
 // The Redis-only store (dedup/redisstore) has its own set: 20 copies at once
 // (TestRedisStoreConcurrentCopiesApplyOnce); duplicates and conflicts by
 // message ID and business key; retries, permanent errors and dead letters;
