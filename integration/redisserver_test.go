@@ -3,8 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -62,9 +62,9 @@ func (s *redisServer) start() {
 	if s.cmd != nil {
 		s.t.Fatal("redis-server already running")
 	}
+	dir := s.t.TempDir()
 	cmd := exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", //nolint:gosec // our own binary from PATH, fixed arguments
-		"--appendonly", "no", "--dir", s.t.TempDir(), "--daemonize", "no", "--protected-mode", "no")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		"--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log"), "--daemonize", "no", "--protected-mode", "no")
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
