@@ -46,7 +46,11 @@
 // 5,000 messages leaves effects exactly once while the fast path's circuit
 // breaker opens once and closes once (TestFastPathRedisOutageMidStream), and
 // BenchmarkFastPathRedisDown holds throughput with Redis down to Postgres
-// only.
+// only. A lost LISTEN connection (its backend terminated) makes the relay
+// poll at once (TestRelayListenLostFallsBackToPolling); a stuck span exporter
+// holds up no delivery (TestTracingExportNeverBlocksDeliveries); a hung
+// Redis under the Redis-only store ends a handler by its lease's clock
+// (TestRedisStoreRenewalFailsByTheLeaseClock).
 //
 // The Redis-only store (dedup/redisstore) has its own set: 20 copies at once
 // (TestRedisStoreConcurrentCopiesApplyOnce); duplicates and conflicts by

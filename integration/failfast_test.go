@@ -3,14 +3,17 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // The Redis-only store's watchdog goes by the lease's clock: with Redis hung
@@ -141,5 +144,90 @@ func TestRelayListenLostFallsBackToPolling(t *testing.T) {
 	eventually(t, 30*time.Second, "rows published through NOTIFY after the reconnect", func() bool { return o.stats(t).Published == 15 })
 	if st := rr.r.Stats(); st.ListenLost != 1 {
 		t.Fatalf("relay stats %+v, want 1 LISTEN connection lost", st)
+	}
+}
+
+// stuckExporter is a span exporter whose collector never answers: every
+// ExportSpans call blocks until the test ends.
+type stuckExporter struct {
+	calls   atomic.Int64
+	release chan struct{}
+}
+
+func (x *stuckExporter) ExportSpans(ctx context.Context, _ []sdktrace.ReadOnlySpan) error {
+	x.calls.Add(1)
+	select {
+	case <-x.release:
+	case <-ctx.Done():
+	}
+	return errors.New("collector unreachable")
+}
+
+func (x *stuckExporter) Shutdown(context.Context) error { return nil }
+
+// Tracing export never blocks a delivery: idemq creates no exporter and
+// never flushes; it ends each delivery's span on the delivery's goroutine,
+// which with the SDK's batching span processor only queues it (and drops it
+// when the queue is full). With the exporter stuck on an unreachable
+// collector, 300 single deliveries and a batch of 50 all reach their
+// outcome.
+func TestTracingExportNeverBlocksDeliveries(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	exp := &stuckExporter{release: make(chan struct{})}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, sdktrace.WithMaxQueueSize(16), sdktrace.WithMaxExportBatchSize(4),
+		sdktrace.WithBatchTimeout(10*time.Millisecond), sdktrace.WithExportTimeout(time.Hour)))
+	t.Cleanup(func() {
+		close(exp.release)
+		_ = tp.Shutdown(context.Background())
+	})
+	c, err := consumer.New(consumer.Config{Scope: "traced", Store: e.store, TracerProvider: tp,
+		Handler: func(context.Context, pgx.Tx, *dedup.Message) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delivery := func(i int) consumer.Delivery {
+		return consumer.Delivery{MessageID: fmt.Sprintf("m-%d", i), Position: fmt.Sprintf("test:%d", i),
+			Message: &dedup.Message{Topic: "orders", Payload: []byte("x")}}
+	}
+	handle := func(from, to int) error {
+		for i := from; i < to; i++ {
+			if res, err := c.Handle(e.ctx, delivery(i)); err != nil || res.Outcome != dedup.OutcomeProcessed {
+				return fmt.Errorf("delivery %d: %+v %v", i, res, err)
+			}
+		}
+		return nil
+	}
+	if err := handle(0, 20); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the exporter stuck in a call", func() bool { return exp.calls.Load() > 0 })
+
+	done := make(chan error, 1)
+	go func() {
+		if err := handle(20, 320); err != nil {
+			done <- err
+			return
+		}
+		var batch []consumer.Delivery
+		for i := 320; i < 370; i++ {
+			batch = append(batch, delivery(i))
+		}
+		res, err := c.HandleBatch(e.ctx, batch)
+		if err == nil && (len(res) != 50 || res[49].Outcome != dedup.OutcomeProcessed) {
+			err = fmt.Errorf("batch: %+v", res)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("deliveries blocked behind a stuck span exporter")
+	}
+	if n := exp.calls.Load(); n != 1 {
+		t.Fatalf("%d export calls, want the 1 that is stuck", n)
 	}
 }
