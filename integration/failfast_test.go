@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
+	"github.com/idemq/idemq/outbox"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -229,5 +232,70 @@ func TestTracingExportNeverBlocksDeliveries(t *testing.T) {
 	}
 	if n := exp.calls.Load(); n != 1 {
 		t.Fatalf("%d export calls, want the 1 that is stuck", n)
+	}
+}
+
+// Outbox rows keep their error history: a row that failed and was then
+// published keeps its last error and its time, and `idemq outbox stats`
+// tells it ("published_after_failure") from a row failing now
+// ("failing_now").
+func TestOutboxErrorHistoryAfterPublish(t *testing.T) {
+	t.Parallel()
+	bin := buildExample(t, "github.com/idemq/idemq/cmd/idemq")
+	o := setupOutbox(t)
+	topic := newTopic(t, 1)
+	var recovered atomic.Bool
+	tr := newTracker(obKafkaPub(t))
+	tr.fail = func(e outbox.Envelope) error {
+		switch k := string(e.Key); {
+		case k == "key-00" && !recovered.Load():
+			return errors.New("NOT_ENOUGH_REPLICAS (simulated, recovers)")
+		case k == "key-01":
+			return errors.New("TOPIC_AUTHORIZATION_FAILED (simulated, keeps failing)")
+		}
+		return nil
+	}
+	cfg := fastRelay("history")
+	cfg.RetryInitial, cfg.RetryMax = 10*time.Millisecond, 50*time.Millisecond
+	rr := o.startRelay(t, tr.as("history"), cfg)
+	o.addRows(t, topic, 6, 3, "history") // key-00, key-01, key-02: 2 rows each
+	eventually(t, 30*time.Second, "both failing keys failing", func() bool {
+		s := o.stats(t)
+		return s.Failing == 2 && s.Published == 2
+	})
+	recovered.Store(true)
+	eventually(t, 30*time.Second, "key-00 published", func() bool { return o.stats(t).Published == 4 })
+	rr.stop(t)
+
+	s := o.stats(t)
+	if s.Pending != 2 || s.Failing != 1 || s.Published != 4 || s.PublishedAfterFailure != 1 || s.LastErrorAt.IsZero() {
+		t.Fatalf("stats %+v, want 2 pending of which 1 failing, 4 published of which 1 after a failure, a last error time", s)
+	}
+	for _, row := range o.outboxRows(t) {
+		head := row.Payload[len(row.Payload)-2] <= '2' // rows 0, 1, 2: the heads of their keys
+		switch k := string(row.Key); {
+		case k == "key-00" && head:
+			if row.PublishedAt == nil || !strings.Contains(row.LastError, "recovers") || row.LastErrorAt == nil || row.LastErrorAt.After(*row.PublishedAt) {
+				t.Fatalf("recovered row: published %v, last error %q at %v; want published after its kept error", row.PublishedAt, row.LastError, row.LastErrorAt)
+			}
+		case k == "key-01" && head:
+			if row.PublishedAt != nil || !strings.Contains(row.LastError, "keeps failing") || row.LastErrorAt == nil {
+				t.Fatalf("failing row: published %v, last error %q at %v", row.PublishedAt, row.LastError, row.LastErrorAt)
+			}
+		default:
+			if row.LastError != "" || row.LastErrorAt != nil {
+				t.Fatalf("row %s of %s never failed, yet has error %q at %v", row.ID, k, row.LastError, row.LastErrorAt)
+			}
+		}
+	}
+
+	out, err := exec.Command(bin, "outbox", "stats", "-dsn", postgresDSN(t), "-schema", o.schema).CombinedOutput()
+	if err != nil {
+		t.Fatalf("idemq outbox stats: %v\n%s", err, out)
+	}
+	for _, want := range []string{"pending 2\n", "failing_now 1\n", "published 4\n", "published_after_failure 1\n", "last_error_at 20"} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("idemq outbox stats lacks %q:\n%s", want, out)
+		}
 	}
 }
