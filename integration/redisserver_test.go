@@ -96,8 +96,11 @@ func (s *redisServer) stop() {
 		return
 	}
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- s.cmd.Wait() }()
+	done := make(chan struct{})
+	go func() {
+		_ = s.cmd.Wait() // "signal: terminated": the exit we asked for
+		close(done)
+	}()
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
