@@ -47,7 +47,10 @@ func BenchmarkFastPathRedisDown(b *testing.B) {
 		b.Fatal(err)
 	}
 	// The outage has begun: the breaker opened on the first failed calls.
-	for fast.BreakerStats().State != redisfast.BreakerOpen {
+	for i := 0; fast.BreakerStats().State != redisfast.BreakerOpen; i++ {
+		if i == 100 {
+			b.Fatalf("the breaker is not open after %d failed calls: %+v", i, fast.BreakerStats())
+		}
 		_, _, _ = fast.Lookup(e.ctx, benchMsg(b, "warm-up").Identity)
 	}
 
