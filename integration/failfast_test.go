@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os/exec"
 	"strings"
 	"sync/atomic"
@@ -84,8 +85,9 @@ where datname = current_database() and backend_type = 'client backend' and query
 // The relay's LISTEN connection is lost (its backend terminated with
 // pg_terminate_backend, only that one): the relay falls back to polling at
 // once, every FallbackPollInterval, although its PollInterval is an hour,
-// and reconnects in the background; once LISTEN is back, notifications
-// wake it again.
+// and reconnects in the background (two reconnects fail, the third is held
+// by the test); once LISTEN is back, notifications wake it again. One
+// warning for the loss, one info line for the return.
 func TestRelayListenLostFallsBackToPolling(t *testing.T) {
 	t.Parallel()
 	o := setupOutbox(t)
@@ -95,11 +97,16 @@ func TestRelayListenLostFallsBackToPolling(t *testing.T) {
 	release := make(chan struct{})
 	cfg := fastRelay("listen-lost")
 	cfg.PollInterval, cfg.FallbackPollInterval = time.Hour, 100*time.Millisecond
+	logs := &logLines{}
+	cfg.Logger = slog.New(logs)
 	cfg.Hooks.BeforeListen = func(ctx context.Context) error {
-		if attempts.Add(1) == 1 {
+		switch attempts.Add(1) {
+		case 1:
 			return nil
+		case 2, 3:
+			return errors.New("connection refused (simulated failed reconnect)")
 		}
-		// Every reconnect waits until the test lets it: the LISTEN
+		// Later reconnects wait until the test lets them: the LISTEN
 		// connection stays down meanwhile.
 		select {
 		case holding <- struct{}{}:
@@ -145,8 +152,13 @@ func TestRelayListenLostFallsBackToPolling(t *testing.T) {
 	eventually(t, 30*time.Second, "the LISTEN connection back", func() bool { return len(o.listenBackends(t)) == 1 })
 	o.addRows(t, topic, 5, 5, "notified-again")
 	eventually(t, 30*time.Second, "rows published through NOTIFY after the reconnect", func() bool { return o.stats(t).Published == 15 })
-	if st := rr.r.Stats(); st.ListenLost != 1 {
-		t.Fatalf("relay stats %+v, want 1 LISTEN connection lost", st)
+	// One loss, however many reconnects failed during it: one warning, one
+	// info line.
+	if st := rr.r.Stats(); st.ListenLost != 1 || attempts.Load() != 4 {
+		t.Fatalf("relay stats %+v after %d connect attempts, want 1 LISTEN connection lost after 4", st, attempts.Load())
+	}
+	if w, i := logs.matching(slog.LevelWarn, "LISTEN"), logs.matching(slog.LevelInfo, "LISTEN"); len(w) != 1 || len(i) != 1 {
+		t.Fatalf("LISTEN log lines: warnings %q, info %q; want one each", w, i)
 	}
 }
 

@@ -82,9 +82,10 @@ type RelayStats struct {
 	// DBErrors counts batches lost to a database error (the claim, the mark
 	// or the commit failed); their rows are published again later.
 	DBErrors int64
-	// ListenLost counts LISTEN connections lost (or that could not be
-	// made) while the relay ran; each time the workers fell back to
-	// polling every FallbackPollInterval until a new one was up.
+	// ListenLost counts losses of the LISTEN connection (a connection that
+	// failed, or the first one that could not be made): each time the
+	// workers fell back to polling every FallbackPollInterval until a new
+	// one was up. Failed reconnects during one loss count once.
 	ListenLost int64
 }
 
@@ -218,28 +219,42 @@ func (r *Relay) idleWait() time.Duration {
 
 // listen holds a LISTEN connection and wakes the workers on each
 // notification, reconnecting with backoff in the background. When the
-// connection is lost the workers are woken at once and poll every
-// FallbackPollInterval until a new one is up; after every (re)connect they
-// are woken once, in case notifications were missed meanwhile.
+// connection is lost (or cannot be made at start) the workers are woken at
+// once and poll every FallbackPollInterval until a new one is up; after
+// every (re)connect they are woken once, in case notifications were missed
+// meanwhile. Each loss logs one warning and each return one info line;
+// failed reconnects in between are debug lines.
 func (r *Relay) listen(ctx context.Context) {
 	b := &backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: 10 * time.Second}
 	b.Reset()
+	down := false
 	for ctx.Err() == nil {
 		start := time.Now()
-		err := r.listenOnce(ctx)
+		err := r.listenOnce(ctx, func() {
+			if down {
+				down = false
+				r.log.Info("idemq: relay LISTEN connection back; polling every PollInterval again", "poll_every", r.cfg.PollInterval)
+			}
+		})
 		if ctx.Err() != nil {
 			return
 		}
-		// Fall back to polling now: the workers may be waiting out a long
-		// PollInterval, and rows committed from here on wake nobody.
-		r.listenLost.Add(1)
-		r.Wake()
 		if time.Since(start) > time.Minute {
 			b.Reset()
 		}
 		d := b.NextBackOff()
-		r.log.Warn("idemq: relay LISTEN connection lost; polling meanwhile", "err", err,
-			"poll_every", r.cfg.FallbackPollInterval, "retry_in", d)
+		if down {
+			r.log.Debug("idemq: relay LISTEN reconnect failed; still polling", "err", err, "retry_in", d)
+		} else {
+			// Fall back to polling now: the workers may be waiting out a
+			// long PollInterval, and rows committed from here on wake
+			// nobody.
+			down = true
+			r.listenLost.Add(1)
+			r.Wake()
+			r.log.Warn("idemq: relay LISTEN connection lost; polling meanwhile", "err", err,
+				"poll_every", r.cfg.FallbackPollInterval, "retry_in", d)
+		}
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
@@ -249,7 +264,9 @@ func (r *Relay) listen(ctx context.Context) {
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context) error {
+// listenOnce makes the LISTEN connection, calls up once it listens, and
+// wakes the workers on each notification until the connection fails.
+func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 	if h := r.cfg.Hooks.BeforeListen; h != nil {
 		if err := h(ctx); err != nil {
 			return fmt.Errorf("idemq/outbox: before-listen hook: %w", err)
@@ -271,9 +288,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		return err
 	}
 	r.listening.Store(true)
-	if r.listenLost.Load() > 0 {
-		r.log.Info("idemq: relay LISTEN connection back; polling every PollInterval again", "poll_every", r.cfg.PollInterval)
-	}
+	up()
 	r.Wake()
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
