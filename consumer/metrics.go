@@ -157,8 +157,10 @@ func (m *PrometheusMetrics) ObserveDuration(scope string, outcome dedup.Outcome,
 
 // StoreCollector exports a dedup.Store's fast-path counters as
 // idemq_fastpath_total{result="hit|miss|error"} (hits answered duplicates
-// without Postgres; errors fell through to Postgres, e.g. Redis down).
-// Register it with prometheus.Register(consumer.StoreCollector(store)).
+// without Postgres; errors fell through to Postgres, e.g. Redis down,
+// including calls skipped by the fast path's open circuit breaker).
+// Register it with prometheus.Register(consumer.StoreCollector(store)); the
+// breaker's own metrics come from redisfast.FastPath.Collector.
 func StoreCollector(st *dedup.Store) prometheus.Collector { return storeCollector{st} }
 
 var fastPathDesc = prometheus.NewDesc("idemq_fastpath_total",

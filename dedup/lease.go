@@ -185,7 +185,8 @@ type LeaseMarks interface {
 // (LeaseFromContext). While h runs, marks.Renew is called every
 // opt.Heartbeat: a renewal that finds another owner cancels h's context
 // with ErrFenced, and no successful renewal for 90% of opt.TTL cancels it
-// with ErrLeaseExpired. Then:
+// with ErrLeaseExpired, by the lease's clock: a renewal call that hangs (a
+// store not answering, a client retrying) is not waited for. Then:
 //
 //   - fenced during the run: OutcomeFenced (do not ack);
 //   - h returned nil: marks.Succeed, OutcomeProcessed (or OutcomeFenced);

@@ -53,6 +53,16 @@
 // (TestRedriveAsNewCLI, TestRocketMQRedriveAsNewCLI,
 // TestRedriveAsNewPublishFailsThenRepeats).
 //
+// Optional dependencies fail fast: Redis stopped for 10 s in the middle of
+// 5,000 messages leaves effects exactly once while the fast path's circuit
+// breaker opens once and closes once (TestFastPathRedisOutageMidStream), and
+// BenchmarkFastPathRedisDown holds throughput with Redis down to Postgres
+// only. A lost LISTEN connection (its backend terminated) makes the relay
+// poll at once (TestRelayListenLostFallsBackToPolling); a stuck span exporter
+// holds up no delivery (TestTracingExportNeverBlocksDeliveries); a hung
+// Redis under the Redis-only store ends a handler by its lease's clock
+// (TestRedisStoreRenewalFailsByTheLeaseClock).
+//
 // The Redis-only store (dedup/redisstore) has its own set: 20 copies at once
 // (TestRedisStoreConcurrentCopiesApplyOnce); duplicates and conflicts by
 // message ID and business key; retries, permanent errors and dead letters;

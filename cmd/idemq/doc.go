@@ -8,7 +8,7 @@
 //	idemq purge [flags]             delete expired consumption records
 //	idemq relay [flags]             run an outbox relay until SIGINT/SIGTERM
 //	idemq outbox migrate [flags]    create or upgrade the outbox table
-//	idemq outbox stats [flags]      count pending, parked and published rows
+//	idemq outbox stats [flags]      count pending (failing now), parked and published (after a failure) rows
 //	idemq outbox parked [flags]     list parked rows with their last error
 //	idemq outbox unpark [flags] ID… make parked rows publishable again
 //
