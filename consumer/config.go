@@ -117,6 +117,12 @@ type Config struct {
 	// the message's W3C "traceparent" header, covering claim, handler and
 	// mark; the handler's ctx carries it. Default: the global provider
 	// (otel.GetTracerProvider(), a no-op unless the application sets one).
+	// idemq creates no exporter and never flushes, but ends each span on the
+	// delivery's goroutine before the ack: give it a provider whose
+	// span processor batches (sdktrace.WithBatcher, which queues and drops
+	// spans when its queue is full), never sdktrace.WithSyncer or
+	// WithBlocking in production: they export inside span.End(), so a slow
+	// or unreachable collector would hold every delivery.
 	TracerProvider trace.TracerProvider
 	// Logger receives a warning per retry, conflict or dead letter and a
 	// debug line per processed or duplicate delivery. Default slog.Default().

@@ -238,6 +238,9 @@ func (c *Consumer) extract(msg *dedup.Message) (bk string, err error) {
 
 func (c *Consumer) report(msg *dedup.Message, res dedup.Result) {
 	c.cfg.Metrics.Delivery(c.cfg.Scope, res.Outcome, res.MatchedBy)
+	if ro, ok := c.cfg.Metrics.(ReasonObserver); ok && res.Reason != "" {
+		ro.ObserveReason(c.cfg.Scope, res.Outcome, res.Reason)
+	}
 	level := slog.LevelWarn
 	if res.Outcome == dedup.OutcomeProcessed || res.Outcome == dedup.OutcomeDuplicate {
 		level = slog.LevelDebug
@@ -255,7 +258,7 @@ func (c *Consumer) report(msg *dedup.Message, res dedup.Result) {
 		// by Metrics.
 		c.log.Debug("idemq: delivery", append(attrs, "matched_by", res.MatchedBy)...)
 	default:
-		c.log.Warn("idemq: delivery", append(attrs, "matched_by", res.MatchedBy, "err", res.Err)...)
+		c.log.Warn("idemq: delivery", append(attrs, "matched_by", res.MatchedBy, "reason", res.Reason, "err", res.Err)...)
 	}
 }
 

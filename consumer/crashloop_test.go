@@ -130,8 +130,8 @@ func markerConsumer(t *testing.T, st *markerStore, cfg Config) *Consumer {
 	return c
 }
 
-// delivery at off of lane t/0; its message ID is id.
-func delivery(id string, off int64) Delivery {
+// laneDelivery is the delivery at off of lane t/0; its message ID is id.
+func laneDelivery(id string, off int64) Delivery {
 	return Delivery{Message: &dedup.Message{Payload: []byte("x")}, MessageID: id, Position: fmt.Sprintf("t/0/%d", off), Lane: "t/0", Offset: off}
 }
 
@@ -143,7 +143,7 @@ func TestCrashLoopFirstDeliveriesWriteOncePerWindow(t *testing.T) {
 	sess := c.guard.pullSession("t/0")
 	for off := range int64(100) {
 		sess.received(off)
-		if _, err := c.handle(context.Background(), delivery(fmt.Sprint("m-", off), off), sess); err != nil {
+		if _, err := c.handle(context.Background(), laneDelivery(fmt.Sprint("m-", off), off), sess); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -171,7 +171,7 @@ func TestCrashLoopReplayMarksOnlyTheInFlightBudget(t *testing.T) {
 					id = fmt.Sprint("done-", off)
 				}
 				sess.received(off)
-				res, err := c.handle(context.Background(), delivery(id, off), sess)
+				res, err := c.handle(context.Background(), laneDelivery(id, off), sess)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -202,7 +202,7 @@ func TestCrashLoopRewindAndForeignWatermark(t *testing.T) {
 	run := func(off int64) {
 		t.Helper()
 		sess.received(off)
-		if _, err := c.handle(context.Background(), delivery(fmt.Sprint("m-", off), off), sess); err != nil {
+		if _, err := c.handle(context.Background(), laneDelivery(fmt.Sprint("m-", off), off), sess); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -238,7 +238,7 @@ func TestCrashLoopMarkedRunsOneAtATime(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				d := delivery(fmt.Sprintf("m-%d-%d", lane, off), off)
+				d := laneDelivery(fmt.Sprintf("m-%d-%d", lane, off), off)
 				d.Lane = fmt.Sprint("t/", lane)
 				if _, err := c.Handle(context.Background(), d); err != nil {
 					t.Error(err)
@@ -276,17 +276,17 @@ func TestCrashLoopMarkerOutcomes(t *testing.T) {
 	dl := dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: 3, Err: dedup.ErrExecutionLost}
 	st.mark = dedup.StartMark{Result: dl}
 	c := markerConsumer(t, st, Config{CrashLoop: CrashLoopConfig{InFlight: 10}})
-	res, err := c.Handle(context.Background(), delivery("m-1", 1))
+	res, err := c.Handle(context.Background(), laneDelivery("m-1", 1))
 	if _, _, _, processed, _ := st.snapshot(); err != nil || res.Outcome != dedup.OutcomeDeadLetter || len(processed) != 0 {
 		t.Fatalf("exhausted marker: %+v %v, %d runs; want the dead letter and no run", res, err, len(processed))
 	}
 	st.mark = dedup.StartMark{Run: true}
 	st.processErr = errors.New("database unreachable")
-	if _, err := c.Handle(context.Background(), delivery("m-2", 2)); err == nil {
+	if _, err := c.Handle(context.Background(), laneDelivery("m-2", 2)); err == nil {
 		t.Fatal("Process error not returned")
 	}
 	st.processErr = nil
-	if _, err := c.Handle(context.Background(), delivery("m-3", 3)); err != nil {
+	if _, err := c.Handle(context.Background(), laneDelivery("m-3", 3)); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, marks, _, clears := st.snapshot(); len(marks) != 3 || clears != 1 {
@@ -307,7 +307,7 @@ func TestCrashLoopBatchRunsReplaysAlone(t *testing.T) {
 		if off < 5 {
 			id = fmt.Sprint("done-", off)
 		}
-		pending = append(pending, delivery(id, off))
+		pending = append(pending, laneDelivery(id, off))
 	}
 	com := newCommitter(&fakeSource{}, 1000, time.Hour, slog.Default())
 	n, err := c.runReplays(context.Background(), context.Background(), pending, com, sess)

@@ -27,6 +27,16 @@ type DurationObserver interface {
 	ObserveDuration(scope string, outcome dedup.Outcome, d time.Duration)
 }
 
+// ReasonObserver is an optional interface of a Metrics: when implemented,
+// the consumer also reports the dead-letter reason (dedup.Result.Reason:
+// message_id_collision, payload_conflict, attempts_exhausted,
+// permanent_error, bad_input) of every delivery whose outcome is
+// dedup.OutcomeConflict or dedup.OutcomeDeadLetter, right after Delivery.
+// A redelivered copy that finds its identical dead letter counts again.
+type ReasonObserver interface {
+	ObserveReason(scope string, outcome dedup.Outcome, reason string)
+}
+
 type nopMetrics struct{}
 
 func (nopMetrics) Delivery(string, dedup.Outcome, dedup.MatchedBy) {}
@@ -52,8 +62,19 @@ func (c *Counters) Delivery(_ string, outcome dedup.Outcome, by dedup.MatchedBy)
 	}
 }
 
-// Get returns one counter, e.g. Get("duplicate") or
-// Get("duplicate:business_key").
+// ObserveReason implements ReasonObserver: it counts under
+// "<outcome>:<reason>", e.g. "conflict:message_id_collision".
+func (c *Counters) ObserveReason(_ string, outcome dedup.Outcome, reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]int64{}
+	}
+	c.m[string(outcome)+":"+reason]++
+}
+
+// Get returns one counter, e.g. Get("duplicate"),
+// Get("duplicate:business_key") or Get("conflict:payload_conflict").
 func (c *Counters) Get(name string) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -78,10 +99,15 @@ func (c *Counters) Snapshot() map[string]int64 {
 //     is message_id, business_key or "";
 //   - idemq_delivery_duration_seconds{scope, outcome}: time from the start of
 //     the claim to the durable outcome (handler included), a histogram with
-//     buckets from 1ms to 10s.
+//     buckets from 1ms to 10s;
+//   - idemq_dead_lettered_total{scope, outcome, reason}: deliveries that
+//     ended as conflict or dead_letter, by dead-letter reason
+//     (message_id_collision, payload_conflict, attempts_exhausted,
+//     permanent_error, bad_input); see ReasonObserver.
 type PrometheusMetrics struct {
 	deliveries *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
+	reasons    *prometheus.CounterVec
 }
 
 // NewPrometheusMetrics registers the metrics with reg
@@ -101,8 +127,12 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 			Help:    "Time from claim to durable outcome per delivery, handler included.",
 			Buckets: prometheus.ExponentialBucketsRange(0.001, 10, 12),
 		}, []string{"scope", "outcome"}),
+		reasons: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemq_dead_lettered_total",
+			Help: "Deliveries that ended as conflict or dead_letter, by dead-letter reason (message_id_collision, payload_conflict, attempts_exhausted, permanent_error, bad_input).",
+		}, []string{"scope", "outcome", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.deliveries, m.duration} {
+	for _, c := range []prometheus.Collector{m.deliveries, m.duration, m.reasons} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -115,6 +145,11 @@ func (m *PrometheusMetrics) Delivery(scope string, outcome dedup.Outcome, by ded
 	m.deliveries.WithLabelValues(scope, string(outcome), string(by)).Inc()
 }
 
+// ObserveReason implements ReasonObserver.
+func (m *PrometheusMetrics) ObserveReason(scope string, outcome dedup.Outcome, reason string) {
+	m.reasons.WithLabelValues(scope, string(outcome), reason).Inc()
+}
+
 // ObserveDuration implements DurationObserver.
 func (m *PrometheusMetrics) ObserveDuration(scope string, outcome dedup.Outcome, d time.Duration) {
 	m.duration.WithLabelValues(scope, string(outcome)).Observe(d.Seconds())
@@ -122,8 +157,10 @@ func (m *PrometheusMetrics) ObserveDuration(scope string, outcome dedup.Outcome,
 
 // StoreCollector exports a dedup.Store's fast-path counters as
 // idemq_fastpath_total{result="hit|miss|error"} (hits answered duplicates
-// without Postgres; errors fell through to Postgres, e.g. Redis down).
-// Register it with prometheus.Register(consumer.StoreCollector(store)).
+// without Postgres; errors fell through to Postgres, e.g. Redis down,
+// including calls skipped by the fast path's open circuit breaker).
+// Register it with prometheus.Register(consumer.StoreCollector(store)); the
+// breaker's own metrics come from redisfast.FastPath.Collector.
 func StoreCollector(st *dedup.Store) prometheus.Collector { return storeCollector{st} }
 
 var fastPathDesc = prometheus.NewDesc("idemq_fastpath_total",

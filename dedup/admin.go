@@ -18,7 +18,8 @@ type Record struct {
 	MessageID   string `json:"message_id"`
 	BusinessKey string `json:"business_key"`
 	// Fingerprint is the HMAC-SHA256 of the payload (32 bytes; empty for a
-	// record of rejected bad input) under the key FingerprintKeyID.
+	// record of bad input whose payload could not be fingerprinted) under the
+	// key FingerprintKeyID.
 	Fingerprint      []byte `json:"fingerprint"`
 	FingerprintKeyID string `json:"fingerprint_key_id"`
 	// Status is the record's state.
@@ -109,12 +110,16 @@ type DeadLetter struct {
 	Source string
 	// CreatedAt is the database time of the dead-lettering.
 	CreatedAt time.Time
-	// RedrivenAt is set once an operator re-drove the record.
+	// RedrivenAt is set once an operator re-drove the record (Redrive).
 	RedrivenAt *time.Time
+	// RedrivenAs is the derived message ID under which RedriveAsNew
+	// re-drove this dead letter as a new message; "" when it did not.
+	RedrivenAs string
 }
 
 // DeadLetters lists the dead letters of scope, oldest first, at most limit
-// rows (1 to 10000; 0 means 100), starting after id afterID (0 for the start).
+// rows (1 to 10000; 0 means 100), starting after id afterID (0 for the start),
+// each with RedrivenAs when RedriveAsNew re-drove it.
 func (s *Store) DeadLetters(ctx context.Context, scope string, afterID int64, limit int) ([]DeadLetter, error) {
 	if limit <= 0 {
 		limit = 100
@@ -122,16 +127,18 @@ func (s *Store) DeadLetters(ctx context.Context, scope string, afterID int64, li
 	if limit > 10000 {
 		return nil, fmt.Errorf("idemq: dead letters: limit %d above 10000", limit)
 	}
-	rows, err := s.pool.Query(ctx, `select id, scope, message_id, business_key, reason, error, error_class, attempts,
-  topic, message_key, payload, headers, source, created_at, redriven_at
-from `+s.q.deadLetters+` where scope = $1 and id > $2 order by id limit $3`, scope, afterID, limit)
+	rows, err := s.pool.Query(ctx, `select d.id, d.scope, d.message_id, d.business_key, d.reason, d.error, d.error_class,
+  d.attempts, d.topic, d.message_key, d.payload, d.headers, d.source, d.created_at, d.redriven_at,
+  coalesce(r.new_message_id, '')
+from `+s.q.deadLetters+` d left join `+s.redrivesTable()+` r on r.dead_letter_id = d.id
+where d.scope = $1 and d.id > $2 order by d.id limit $3`, scope, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("idemq: dead letters: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadLetter, error) {
 		var d DeadLetter
 		err := row.Scan(&d.ID, &d.Scope, &d.MessageID, &d.BusinessKey, &d.Reason, &d.Error, &d.ErrorClass, &d.Attempts,
-			&d.Topic, &d.Key, &d.Payload, &d.Headers, &d.Source, &d.CreatedAt, &d.RedrivenAt)
+			&d.Topic, &d.Key, &d.Payload, &d.Headers, &d.Source, &d.CreatedAt, &d.RedrivenAt, &d.RedrivenAs)
 		return d, err
 	})
 	if err != nil {

@@ -289,7 +289,8 @@ func (s *Store) exhaustLostExecution(ctx context.Context, tx pgx.Tx, msg *Messag
 	}
 	s.cfg.Logger.Warn("idemq: attempts exhausted by executions that never reported an outcome; dead-lettered without running the handler",
 		"identity", msg.Identity.String(), "attempts", n, "source", msg.Source)
-	return Result{Outcome: OutcomeDeadLetter, MatchedBy: by, Status: StatusFailedFinal, Attempts: n, Err: cause, DeadLetterID: dlID}, nil
+	return Result{Outcome: OutcomeDeadLetter, MatchedBy: by, Status: StatusFailedFinal, Attempts: n, Err: cause,
+		Reason: ReasonAttemptsExhausted, DeadLetterID: dlID}, nil
 }
 
 // leaseLost is the dead letter's cause when a lease-mode copy finds an

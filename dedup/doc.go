@@ -12,14 +12,20 @@
 // message ID or non-empty business key already has a record in the same scope
 // is a duplicate. Keys longer than [MaxKeyBytes] bytes, or not valid UTF-8, or
 // holding NUL, are stored as "sha256:<hex>" of their raw bytes ([NormalizeKey]).
+// A key of only white space is no key ([IsBlank]): a blank message ID falls
+// back to the broker position, a blank business key is none.
 //
 // # Fingerprint and conflicts
 //
 // Every record stores an HMAC-SHA256 fingerprint of the payload, keyed by a
 // secret with a key ID so that secrets rotate ([Fingerprinter]). A delivery
 // with a known identity and a different fingerprint is a conflict: it is never
-// applied and never silently skipped; it goes to the dead-letter table with
-// reason [ReasonFingerprintConflict] and is then acknowledged.
+// applied and never silently skipped; it goes to the dead-letter table and is
+// then acknowledged. Its reason says which kind ([ConflictReason]):
+// [ReasonMessageIDCollision] when it matched the record by message ID and its
+// business key differs (two messages under one ID; [Store.RedriveAsNew]
+// processes it under a derived ID and keeps both records), else
+// [ReasonPayloadConflict] (one intent, two payloads; the record stands).
 //
 // # Atomic mode
 //
@@ -131,6 +137,18 @@
 // the watermark upsert (the integration tests count them statement by
 // statement). consumer.Config.CrashLoop.Off turns it all off.
 //
+// pgx never resends a statement, so the store sends a lease-mode claim or
+// mark again itself (up to three times, after 25 ms, 100 ms and 400 ms)
+// when the connection failed before its answer came, and each one is safe
+// to run twice: a claim looks for its own owner token before claiming again
+// (a claim that committed is this caller's lease), and a mark that finds the
+// record already in the status it writes, under its own owner token and
+// fence, answers done, not fenced (the token and fence stay on the row
+// after the lease ends). Without this a lost answer would leave a lease that
+// blocks the next copy until it expires, and the takeover would count a
+// second attempt (with MaxAttempts 1, a dead letter for a message whose
+// handler never ran).
+//
 // # States
 //
 //	(none) ──claim──▶ PROCESSING ──handler ok──▶ SUCCEEDED
@@ -138,6 +156,8 @@
 //	                      └──permanent err / attempts exhausted──▶ FAILED_FINAL (+ dead letter)
 //	start marker: (none) ──▶ FAILED_RETRYABLE (0 attempts); FAILED_RETRYABLE ──deaths used up the attempts──▶ FAILED_FINAL
 //	operator re-drive: FAILED_FINAL ──▶ FAILED_RETRYABLE
+//	operator re-drive as new (conflicts): the dead letter is published again
+//	  under "<message ID>#redrive-<dead-letter ID>" and gets a record of its own
 //
 // # Schema
 //

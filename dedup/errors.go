@@ -8,9 +8,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ErrFingerprintConflict is wrapped by Result.Err of an OutcomeConflict: the
-// delivery's message ID or business key has a record whose payload
-// fingerprint differs (or was made with a key no longer configured).
+// ErrFingerprintConflict is wrapped by Result.Err of every OutcomeConflict
+// (a *ConflictError): the delivery's message ID or business key has a record
+// whose payload fingerprint differs (or was made with a key no longer
+// configured). ErrMessageIDCollision or ErrPayloadConflict says which kind.
 var ErrFingerprintConflict = errors.New("idemq: fingerprint conflict")
 
 type permanentError struct{ err error }
@@ -45,7 +46,9 @@ func IsPermanent(err error) bool {
 //   - "pg:<SQLSTATE>" or "pg:<SQLSTATE>:<constraint>" for a *pgconn.PgError
 //     anywhere in the chain, so a unique violation raised by the handler's own
 //     table reads "pg:23505:orders_order_no_key" even when wrapped with %w;
-//   - "fingerprint_conflict" for ErrFingerprintConflict;
+//   - for a conflict (ErrFingerprintConflict), its reason:
+//     "message_id_collision" or "payload_conflict" ("fingerprint_conflict"
+//     when the error names neither);
 //   - "timeout" for context.DeadlineExceeded, "canceled" for context.Canceled;
 //   - "panic" for a recovered handler panic;
 //   - "error" otherwise.
@@ -67,7 +70,7 @@ func ErrorClass(err error) string {
 	var pe *PanicError
 	switch {
 	case errors.Is(err, ErrFingerprintConflict):
-		return "fingerprint_conflict"
+		return conflictClass(err)
 	case errors.As(err, &pe):
 		return "panic"
 	case errors.Is(err, context.DeadlineExceeded):

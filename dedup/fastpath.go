@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 )
 
@@ -21,6 +22,13 @@ type FastPath interface {
 	Remember(ctx context.Context, id Identity, e FastPathEntry) error
 }
 
+// ErrFastPathSkipped is wrapped by the error a FastPath returns when it did
+// not try at all, e.g. because its circuit breaker is open
+// (redisfast.ErrBreakerOpen). The Store falls through to Postgres and counts
+// the call as a fast-path error, as for any error, but logs nothing: an
+// outage is logged once by the FastPath, not once per message.
+var ErrFastPathSkipped = errors.New("idemq: fast path skipped")
+
 // FastPathEntry is what a FastPath remembers of a SUCCEEDED record.
 type FastPathEntry struct {
 	// MatchedBy says which key the entry was found under (Lookup only).
@@ -36,7 +44,8 @@ type fastPathStats struct{ hits, misses, errors atomic.Int64 }
 
 // FastPathStats reports the fast path's hits (duplicates answered without
 // Postgres), misses (fell through) and errors (fell through after a fast-path
-// error; Redis down), since the Store was made.
+// error, Redis down, or because the fast path skipped the call:
+// ErrFastPathSkipped), since the Store was made.
 func (s *Store) FastPathStats() (hits, misses, errors int64) {
 	return s.fast.hits.Load(), s.fast.misses.Load(), s.fast.errors.Load()
 }
@@ -49,7 +58,9 @@ func (s *Store) fastLookup(ctx context.Context, msg *Message) (Result, bool) {
 	e, ok, err := s.cfg.FastPath.Lookup(ctx, msg.Identity)
 	if err != nil {
 		s.fast.errors.Add(1)
-		s.cfg.Logger.Debug("idemq: fast path lookup failed; using Postgres", "identity", msg.Identity.String(), "err", err)
+		if !errors.Is(err, ErrFastPathSkipped) {
+			s.cfg.Logger.Debug("idemq: fast path lookup failed; using Postgres", "identity", msg.Identity.String(), "err", err)
+		}
 		return Result{}, false
 	}
 	if ok {
@@ -69,6 +80,8 @@ func (s *Store) fastRemember(ctx context.Context, id Identity, sum []byte, keyID
 	}
 	if err := s.cfg.FastPath.Remember(context.WithoutCancel(ctx), id, FastPathEntry{Fingerprint: sum, KeyID: keyID}); err != nil {
 		s.fast.errors.Add(1)
-		s.cfg.Logger.Debug("idemq: fast path remember failed", "identity", id.String(), "err", err)
+		if !errors.Is(err, ErrFastPathSkipped) {
+			s.cfg.Logger.Debug("idemq: fast path remember failed", "identity", id.String(), "err", err)
+		}
 	}
 }

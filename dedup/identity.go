@@ -55,7 +55,7 @@ func (id Identity) String() string {
 var ErrInvalidScope = errors.New("idemq: invalid scope")
 
 // ErrEmptyMessageID is returned by NewIdentity when both the message ID and
-// its position fallback are empty.
+// its position fallback are blank (see IsBlank).
 var ErrEmptyMessageID = errors.New("idemq: empty message ID and no position fallback")
 
 // ValidateScope reports whether scope can be used as is (scopes come from
@@ -67,18 +67,38 @@ func ValidateScope(scope string) error {
 	return nil
 }
 
+// IsBlank reports whether key is empty or holds only white space, as
+// unicode.IsSpace defines it: ' ', '\t', '\n', '\v', '\f', '\r', U+0085,
+// U+00A0 and the Unicode space separators (U+2000–U+200A, U+2028, U+2029,
+// U+202F, U+205F, U+3000 and U+1680). It is idemq's one rule for absent keys,
+// used by NewIdentity, NormalizeKey and the broker adapters:
+//
+//   - a blank message ID (a `message-id` header or property of "", " ",
+//     "\t" …) is absent: the next source of the ID applies (RocketMQ: the
+//     UNIQ_KEY), and in the end the broker position identity;
+//   - a blank business key is no business key: it never matches another
+//     message, where a shared " " key would make every such message a
+//     duplicate or a conflict of the first.
+//
+// Keys that are not blank are used exactly as given: surrounding white
+// space is not trimmed, so " m-1" and "m-1" stay different IDs. Invalid UTF-8
+// is not white space (it is not blank).
+func IsBlank(key string) bool { return strings.TrimSpace(key) == "" }
+
 // NewIdentity builds a normalized identity. messageID is the message's own ID
-// (a header or property); when it is empty, fallbackID (the broker position,
-// e.g. "kafka:payments/2/1041") is used instead. Both keys pass through
-// NormalizeKey. It returns ErrInvalidScope or ErrEmptyMessageID.
+// (a header or property); when it is blank (IsBlank), fallbackID (the broker
+// position, e.g. "kafka:payments/2/1041") is used instead. A blank
+// businessKey is none (""). Both keys pass through NormalizeKey. It returns
+// ErrInvalidScope, or ErrEmptyMessageID when messageID and fallbackID are
+// both blank.
 func NewIdentity(scope, messageID, fallbackID, businessKey string) (Identity, error) {
 	if err := ValidateScope(scope); err != nil {
 		return Identity{}, err
 	}
-	if messageID == "" {
+	if IsBlank(messageID) {
 		messageID = fallbackID
 	}
-	if messageID == "" {
+	if IsBlank(messageID) {
 		return Identity{}, ErrEmptyMessageID
 	}
 	return Identity{Scope: scope, MessageID: NormalizeKey(messageID), BusinessKey: NormalizeKey(businessKey)}, nil
@@ -88,9 +108,10 @@ func NewIdentity(scope, messageID, fallbackID, businessKey string) (Identity, er
 // key itself when it is at most MaxKeyBytes bytes of valid UTF-8 without NUL
 // and does not itself start with HashedKeyPrefix; otherwise "sha256:" plus the
 // hex SHA-256 of the raw bytes. The result is deterministic and at most
-// MaxKeyBytes bytes long. The empty key stays empty.
+// MaxKeyBytes bytes long. A blank key (IsBlank: empty or only white space)
+// is no key and becomes "", so a blank business key never matches anything.
 func NormalizeKey(raw string) string {
-	if raw == "" {
+	if IsBlank(raw) {
 		return ""
 	}
 	if len(raw) <= MaxKeyBytes && utf8.ValidString(raw) && strings.IndexByte(raw, 0) < 0 && !strings.HasPrefix(raw, HashedKeyPrefix) {

@@ -65,14 +65,14 @@ func TestNewIdentity(t *testing.T) {
 }
 
 func FuzzNormalizeKey(f *testing.F) {
-	for _, s := range []string{"", "pay-1", strings.Repeat("x", 300), "a\xff", "a\x00", "sha256:00", "заказ"} {
+	for _, s := range []string{"", "pay-1", strings.Repeat("x", 300), "a\xff", "a\x00", "sha256:00", "заказ", " ", "\t", " a "} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		got := NormalizeKey(s)
-		if s == "" {
+		if IsBlank(s) {
 			if got != "" {
-				t.Fatalf("empty key became %q", got)
+				t.Fatalf("blank key %q became %q", s, got)
 			}
 			return
 		}
@@ -100,5 +100,48 @@ func TestLeaseIdempotencyKey(t *testing.T) {
 	}
 	if k := (Lease{Identity: resend}).IdempotencyKey(); k != "billing/m-2/pay-1" {
 		t.Fatalf("no record identity: %q, want the delivery's", k)
+	}
+}
+
+// blanks are keys that hold nothing but white space (unicode.IsSpace).
+var blanks = []string{"", " ", "\t", "\n", "\r\n", " \t \v\f", "\u0085", "\u00a0", "\u1680", "\u2003", "\u2028", "\u202f", "\u3000"}
+
+func TestIsBlank(t *testing.T) {
+	for _, b := range blanks {
+		if !IsBlank(b) {
+			t.Errorf("IsBlank(%q) = false", b)
+		}
+	}
+	// Not white space: zero-width characters, NUL, invalid UTF-8, anything
+	// with a visible character.
+	for _, s := range []string{"a", " a ", "\u200b", "\ufeff", "\x00", "\xff", "\t-\t"} {
+		if IsBlank(s) {
+			t.Errorf("IsBlank(%q) = true", s)
+		}
+	}
+}
+
+// S20: a blank message ID is absent (the position applies) and a blank
+// business key is none, so blank keys never make messages share an identity.
+func TestNewIdentityBlankKeys(t *testing.T) {
+	seen := map[string]bool{}
+	for i, b := range blanks {
+		pos := "kafka:orders/0/" + string(rune('a'+i))
+		id, err := NewIdentity("orders-svc", b, pos, b)
+		if err != nil || id.MessageID != pos || id.BusinessKey != "" || seen[id.MessageID] {
+			t.Fatalf("blank %q: identity %+v, %v; want message ID %q and no business key", b, id, err, pos)
+		}
+		seen[id.MessageID] = true
+		if got := NormalizeKey(b); got != "" {
+			t.Fatalf("NormalizeKey(%q) = %q, want \"\"", b, got)
+		}
+		if _, err := NewIdentity("orders-svc", "", b, ""); !errors.Is(err, ErrEmptyMessageID) {
+			t.Fatalf("blank fallback %q: err = %v", b, err)
+		}
+	}
+	// Keys that are not blank are kept exactly, surrounding spaces included.
+	id, err := NewIdentity("orders-svc", " m-1 ", "kafka:orders/0/1", " ord-1")
+	if err != nil || id.MessageID != " m-1 " || id.BusinessKey != " ord-1" {
+		t.Fatalf("identity %+v, %v", id, err)
 	}
 }

@@ -151,7 +151,7 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler,
 	if res, hit := s.fastLookup(ctx, msg); hit {
 		return res, nil
 	}
-	lease, rowID, res, err := s.claimLease(ctx, msg, sum, keyID, opt.TTL)
+	lease, rowID, res, err := s.claimLeaseResent(ctx, msg, sum, keyID, opt.TTL)
 	if err != nil || rowID == 0 {
 		return res, err
 	}
@@ -166,8 +166,10 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler,
 // LeaseMarks is the storage side of one claimed lease-mode execution, what
 // RunLease calls to keep the lease and to record the outcome. Every call is
 // a compare-and-set on the lease's owner token and fence: fenced (or held
-// false) means another owner holds the record now. Store implements it on
-// Postgres; dedup/redisstore on Redis.
+// false) means another owner holds the record now. A call may reach the
+// store twice (a client resends it when its answer was lost): a second run
+// with the same owner token and fence must answer as the first did. Store
+// implements it on Postgres; dedup/redisstore on Redis.
 type LeaseMarks interface {
 	// Renew extends the lease by its TTL; held is false when another owner
 	// holds the record.
@@ -179,7 +181,8 @@ type LeaseMarks interface {
 	// error, and returns the dead letter's ID (0 when none).
 	Fail(ctx context.Context, status Status, reason string, herr error) (deadLetterID int64, fenced bool, err error)
 	// Release gives the lease back without counting the attempt (the
-	// handler was interrupted by a shutdown).
+	// handler was interrupted by a shutdown); ErrFenced when another owner
+	// holds the record.
 	Release(ctx context.Context) error
 }
 
@@ -189,7 +192,8 @@ type LeaseMarks interface {
 // (LeaseFromContext). While h runs, marks.Renew is called every
 // opt.Heartbeat: a renewal that finds another owner cancels h's context
 // with ErrFenced, and no successful renewal for 90% of opt.TTL cancels it
-// with ErrLeaseExpired. Then:
+// with ErrLeaseExpired, by the lease's clock: a renewal call that hangs (a
+// store not answering, a client retrying) is not waited for. Then:
 //
 //   - fenced during the run: OutcomeFenced (do not ack);
 //   - h returned nil: marks.Succeed, OutcomeProcessed (or OutcomeFenced);
@@ -268,7 +272,7 @@ func RunLease(ctx context.Context, msg *Message, l Lease, h LeaseHandler, opt Le
 	}
 	res.Err, res.Status, res.Outcome, res.DeadLetterID = herr, status, OutcomeRetry, dlID
 	if status == StatusFailedFinal {
-		res.Outcome = OutcomeDeadLetter
+		res.Outcome, res.Reason = OutcomeDeadLetter, reason
 	}
 	return res, nil
 }
@@ -356,13 +360,32 @@ func (p *pgLease) Renew(ctx context.Context) (bool, error) {
 	return err == nil && tag.RowsAffected() > 0, err
 }
 
-func (p *pgLease) Succeed(ctx context.Context) (bool, error) {
-	tag, err := p.s.pool.Exec(ctx, p.s.q.leaseDoneSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, *p.s.expiry(StatusSucceeded))
-	return err == nil && tag.RowsAffected() == 0, err
+// The marks are sent again while their answer is lost, and recognise their
+// own earlier run (see resend.go).
+
+func (p *pgLease) Succeed(ctx context.Context) (fenced bool, err error) {
+	err = resend(ctx, func() error {
+		var marked, before bool
+		err := p.s.pool.QueryRow(ctx, p.s.q.leaseDoneSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, *p.s.expiry(StatusSucceeded)).
+			Scan(&marked, &before)
+		fenced = !marked && !before
+		return err
+	})
+	return fenced, err
 }
 
+// Release returns ErrFenced when the record is not this owner's any more.
 func (p *pgLease) Release(ctx context.Context) error {
-	_, err := p.s.pool.Exec(ctx, p.s.q.leaseReleaseSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence)
+	var fenced bool
+	err := resend(ctx, func() error {
+		var marked, before bool
+		err := p.s.pool.QueryRow(ctx, p.s.q.leaseReleaseSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence).Scan(&marked, &before)
+		fenced = !marked && !before
+		return err
+	})
+	if err == nil && fenced {
+		return ErrFenced
+	}
 	return err
 }
 
@@ -370,20 +393,26 @@ func (p *pgLease) Release(ctx context.Context) error {
 // transaction.
 func (p *pgLease) Fail(ctx context.Context, status Status, reason string, herr error) (dlID int64, fenced bool, err error) {
 	s := p.s
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, s.q.leaseFailSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, string(status),
-			clip(herr.Error(), s.cfg.MaxErrorBytes), ErrorClass(herr), s.expiry(status))
-		if err != nil {
+	err = resend(ctx, func() error {
+		dlID, fenced = 0, false
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			var marked, before bool
+			if err := tx.QueryRow(ctx, s.q.leaseFailSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, string(status),
+				clip(herr.Error(), s.cfg.MaxErrorBytes), ErrorClass(herr), s.expiry(status)).Scan(&marked, &before); err != nil {
+				return err
+			}
+			var err error
+			switch {
+			case !marked && !before:
+				fenced = true
+			case status != StatusFailedFinal: // no dead letter
+			case marked:
+				dlID, err = s.q.insertDeadLetter(ctx, tx, p.msg, p.sum, reason, herr, p.lease.Attempt, s.cfg.MaxErrorBytes)
+			default: // a second run of this mark: the dead letter its first run wrote
+				dlID, err = s.q.liveDeadLetterID(ctx, tx, p.msg, p.sum, reason)
+			}
 			return err
-		}
-		if tag.RowsAffected() == 0 {
-			fenced = true
-			return nil
-		}
-		if status == StatusFailedFinal {
-			dlID, err = s.q.insertDeadLetter(ctx, tx, p.msg, p.sum, reason, herr, p.lease.Attempt, s.cfg.MaxErrorBytes)
-		}
-		return err
+		})
 	})
 	return dlID, fenced, err
 }

@@ -42,5 +42,7 @@ func (s *Store) templateData() map[string]any {
 		"dead_letters_live_key":    ident(d + "_live_key"),
 		"dead_letters_created_idx": ident(d + "_created_idx"),
 		"lane_watermarks":          s.LaneWatermarksTable(),
+		"redrives":                 s.redrivesTable(),
+		"redrives_dead_letter_key": ident(d + "_redrives_dl_key"),
 	}
 }

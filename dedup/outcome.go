@@ -31,8 +31,9 @@ const (
 	// did not run. Ack.
 	OutcomeDuplicate Outcome = "duplicate"
 	// OutcomeConflict means the same identity came with a different payload
-	// fingerprint; not applied, dead-lettered with ReasonFingerprintConflict.
-	// Ack.
+	// fingerprint; not applied, dead-lettered with ReasonMessageIDCollision
+	// or ReasonPayloadConflict (Result.Reason; Result.Err is a
+	// *ConflictError). Ack.
 	OutcomeConflict Outcome = "conflict"
 	// OutcomeRetry means the handler failed with a retryable error and attempts
 	// remain (record FAILED_RETRYABLE). Do not ack: retry (Kafka, in place with
@@ -55,7 +56,22 @@ func (o Outcome) Acked() bool { return o != OutcomeRetry && o != OutcomeFenced }
 
 // Dead-letter reasons (column reason of the dead-letter table).
 const (
-	// ReasonFingerprintConflict: same identity, different payload.
+	// ReasonMessageIDCollision: the delivery matched a record by message ID,
+	// its business key differs from the record's and its payload too: two
+	// different messages under one ID. Re-drivable with
+	// Store.RedriveAsNew (see ConflictReason).
+	ReasonMessageIDCollision = "message_id_collision"
+	// ReasonPayloadConflict: same business key (matched by business key, or
+	// by message ID with the same or no business key), different payload.
+	// The record stands; Store.RedriveAsNew refuses it unless forced.
+	ReasonPayloadConflict = "payload_conflict"
+	// ReasonFingerprintConflict is the reason idemq v0.1.0 gave both kinds of
+	// conflict. Dead letters written by v0.1.0 keep it.
+	//
+	// Deprecated: no longer written; conflicts are dead-lettered with
+	// ReasonMessageIDCollision or ReasonPayloadConflict. It stays to
+	// recognize dead letters written before the split, which
+	// Store.RedriveAsNew treats as payload conflicts (refused unless forced).
 	ReasonFingerprintConflict = "fingerprint_conflict"
 	// ReasonPermanentError: the handler returned a Permanent error.
 	ReasonPermanentError = "permanent_error"
@@ -81,8 +97,12 @@ type Result struct {
 	// HandlerCalled reports whether the handler ran for this delivery.
 	HandlerCalled bool
 	// Err is the handler's error for OutcomeRetry and OutcomeDeadLetter, or
-	// the reason for a conflict or bad input.
+	// the reason for a conflict (a *ConflictError) or bad input.
 	Err error
+	// Reason is the dead-letter reason (a Reason* constant) for
+	// OutcomeConflict and OutcomeDeadLetter, set whether this delivery wrote
+	// a new dead-letter row or found an identical live one; "" otherwise.
+	Reason string
 	// DeadLetterID is the id of the dead-letter row written by this delivery
 	// (0 when none was written, including when an identical one existed).
 	DeadLetterID int64

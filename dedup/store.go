@@ -105,11 +105,21 @@ func (s *Store) Process(ctx context.Context, msg *Message, h Handler) (Result, e
 // decoded): the record becomes FAILED_FINAL with reason and err, and a
 // dead-letter row keeps the whole message. The handler never runs. A copy of
 // an identity that already has a record is reported as a duplicate.
+//
+// The record keeps the payload's fingerprint when one can be made (the
+// canonicalizer accepts the payload), so that once re-driven (Redrive) the
+// next copy is recognized as the same message and runs the handler. A record
+// without one (the canonicalizer failed) takes the fingerprint of the first
+// copy that reaches it by message ID after its re-drive.
 func (s *Store) Reject(ctx context.Context, msg *Message, reason string, cause error) (Result, error) {
 	if cause == nil {
 		cause = errors.New(reason)
 	}
-	return s.markFailed(ctx, msg, nil, "", Permanent(cause), reason)
+	sum, keyID, ferr := s.fp.Sum(msg.Payload)
+	if ferr != nil {
+		sum, keyID = nil, ""
+	}
+	return s.markFailed(ctx, msg, sum, keyID, Permanent(cause), reason)
 }
 
 // record is the locked view of an existing consumption record.
@@ -239,7 +249,7 @@ func (s *Store) markClaimedFailed(ctx context.Context, tx pgx.Tx, rowID int64, a
 	res := Result{Outcome: OutcomeRetry, Status: status, Attempts: attempts, HandlerCalled: true, Err: herr}
 	if status == StatusFailedFinal {
 		var err error
-		res.Outcome = OutcomeDeadLetter
+		res.Outcome, res.Reason = OutcomeDeadLetter, reason
 		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, herr, attempts, s.cfg.MaxErrorBytes); err != nil {
 			return Result{}, err
 		}
@@ -273,16 +283,23 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte,
 	id := msg.Identity
 	by := rec.matchedBy(id)
 	res = Result{MatchedBy: by, Status: rec.status, Attempts: rec.attempts}
-	same, ferr := s.fp.Matches(msg.Payload, rec.fingerprint, rec.keyID)
-	if ferr == nil && !same {
-		ferr = fmt.Errorf("%w: %s matches record %s by %s with a different payload", ErrFingerprintConflict, id, rec.messageID, by)
-	}
-	if ferr != nil {
-		if !errors.Is(ferr, ErrFingerprintConflict) {
-			ferr = fmt.Errorf("%w: %w", ErrFingerprintConflict, ferr)
+	if len(rec.fingerprint) == 0 && rec.status == StatusFailedRetryable && by == ByMessageID {
+		// Bad input rejected before its payload could be fingerprinted
+		// (Reject), re-driven since: this copy gives the record its
+		// fingerprint and runs the handler.
+		if _, err := tx.Exec(ctx, `update `+s.q.records+` set fingerprint = $2, fingerprint_key_id = $3 where id = $1`,
+			rec.id, sum, s.fp.CurrentKeyID()); err != nil {
+			return Result{}, false, fmt.Errorf("idemq: fingerprint re-driven record %s: %w", id, err)
 		}
-		res.Outcome, res.Err = OutcomeConflict, ferr
-		res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, ReasonFingerprintConflict, ferr, rec.attempts, s.cfg.MaxErrorBytes)
+		return res, true, nil
+	}
+	same, cause := s.fp.Matches(msg.Payload, rec.fingerprint, rec.keyID)
+	if cause != nil || !same {
+		reason := ConflictReason(by, id.BusinessKey, rec.businessKey)
+		cerr := &ConflictError{Reason: reason, Identity: id, MatchedBy: by, Cause: cause,
+			Record: Identity{Scope: id.Scope, MessageID: rec.messageID, BusinessKey: rec.businessKey}}
+		res.Outcome, res.Err, res.Reason = OutcomeConflict, cerr, reason
+		res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, cerr, rec.attempts, s.cfg.MaxErrorBytes)
 		return res, false, err
 	}
 	switch rec.status {
@@ -360,7 +377,7 @@ func (s *Store) markFailedIn(ctx context.Context, tx pgx.Tx, msg *Message, sum [
 	res.Status = status
 	res.Outcome = OutcomeRetry
 	if status == StatusFailedFinal {
-		res.Outcome = OutcomeDeadLetter
+		res.Outcome, res.Reason = OutcomeDeadLetter, reason
 		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, herr, res.Attempts, s.cfg.MaxErrorBytes); err != nil {
 			return Result{}, err
 		}

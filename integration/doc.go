@@ -37,15 +37,36 @@
 //	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
 //	S17 a message that kills its consumer: lease owners that die; atomic and batched          TestS17LeaseOwnersThatDieAreBounded, TestS17CrashLoopKafka, TestS17CrashLoopRocketMQ
 //	    modes with real SIGKILLs (Kafka, RocketMQ)
+//	S18 a reply lost and the call retried: every Redis script; Postgres lease claim and marks  TestS18RedisClaimReplyLost, TestRedisScriptRepliesLost, TestLeaseCallAnswersLost
+//	S20 blank message IDs and business keys fall back to the position / none                 TestS20BlankMessageIDs, TestRocketMQS20BlankMessageIDProperty
 //
 // Beside them: the cost of start markers counted statement by statement
 // (TestCrashLoopMarkersCostNothingOnFirstDeliveries) and their rules on
 // Postgres (TestStartMarkerCountsRunsThatDied); many copies at once
 // (TestConcurrentCopiesApplyOnce), real process kills mid-stream
 // (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
-// TestRocketMQTwoProcessesKillMidRun), bad input (TestKafkaBadInput), retries
-// through the real %RETRY% topic, batched mode, the outbox relay under load
-// and broker outages, metrics, tracing and the CLI.
+// TestRocketMQTwoProcessesKillMidRun), generation-fenced Kafka commits: a
+// rebalance while a consumer holds fetched deliveries never moves a group
+// offset back, in every mode (TestKafkaGenerationFencedCommits), bad input
+// (TestKafkaBadInput), retries through the real %RETRY% topic, batched mode,
+// the outbox relay under load and broker outages, metrics, tracing and the
+// CLI. Conflicts carry the reason of their kind in every mode and store
+// (TestConflictReasons); a re-driven bad_input record runs its next copy
+// (TestRedrivenBadInputRuns); a message-ID collision's dead letter is
+// re-driven as a new message with the CLI on Kafka and RocketMQ, once,
+// audited, refused for payload conflicts without -force
+// (TestRedriveAsNewCLI, TestRocketMQRedriveAsNewCLI,
+// TestRedriveAsNewPublishFailsThenRepeats).
+//
+// Optional dependencies fail fast: Redis stopped for 10 s in the middle of
+// 5,000 messages leaves effects exactly once while the fast path's circuit
+// breaker opens once and closes once (TestFastPathRedisOutageMidStream), and
+// BenchmarkFastPathRedisDown holds throughput with Redis down to Postgres
+// only. A lost LISTEN connection (its backend terminated) makes the relay
+// poll at once (TestRelayListenLostFallsBackToPolling); a stuck span exporter
+// holds up no delivery (TestTracingExportNeverBlocksDeliveries); a hung
+// Redis under the Redis-only store ends a handler by its lease's clock
+// (TestRedisStoreRenewalFailsByTheLeaseClock).
 //
 // The Redis-only store (dedup/redisstore) has its own set: 20 copies at once
 // (TestRedisStoreConcurrentCopiesApplyOnce); duplicates and conflicts by
@@ -56,5 +77,8 @@
 // lease, bounded by MaxAttempts; shutdown and Redis down; a Kafka consumer
 // with a full replay (TestRedisStoreKafkaConsumerAppliesOnce); and every
 // script path on a Redis Cluster node started by the test, which refuses
-// keys of different slots (TestRedisStoreOnRedisCluster).
+// keys of different slots (TestRedisStoreOnRedisCluster). A TCP proxy
+// written for the tests (faultProxy) loses one reply of a real Redis or
+// Postgres and closes the connection, for S18 and for the fast path's
+// Remember (TestRedisFastPathRememberReplyLost).
 package integration

@@ -299,7 +299,8 @@ func TestS05ProducerRetryAtNewOffset(t *testing.T) {
 		t.Fatalf("(a) duplicates by business key = %d, want 1", counters.Get("duplicate:business_key"))
 	}
 	dl := e.deadLetters(group)
-	if len(dl) != 1 || dl[0].Reason != dedup.ReasonFingerprintConflict || dl[0].MessageID != pos(9) || !strings.Contains(string(dl[0].Payload), "45.00") || counters.Get("conflict") != 1 {
+	if len(dl) != 1 || dl[0].Reason != dedup.ReasonPayloadConflict || dl[0].MessageID != pos(9) || !strings.Contains(string(dl[0].Payload), "45.00") ||
+		counters.Get("conflict") != 1 || counters.Get("conflict:"+dedup.ReasonPayloadConflict) != 1 {
 		t.Fatalf("(b) dead letters = %+v, conflicts %d", dl, counters.Get("conflict"))
 	}
 	if a.callsFor(pos(10)) != 1 || a.callsFor(pos(11)) != 1 {

@@ -159,7 +159,8 @@ func TestRedisStoreDuplicatesAndConflicts(t *testing.T) {
 		t.Fatalf("producer re-send under a new message ID: %+v", r)
 	}
 	r := run("m-1", "pay-1", `{"amount":45}`)
-	if r.Outcome != dedup.OutcomeConflict || !errors.Is(r.Err, dedup.ErrFingerprintConflict) || r.DeadLetterID == 0 || !r.Outcome.Acked() {
+	if r.Outcome != dedup.OutcomeConflict || !errors.Is(r.Err, dedup.ErrFingerprintConflict) || !errors.Is(r.Err, dedup.ErrPayloadConflict) ||
+		r.Reason != dedup.ReasonPayloadConflict || r.DeadLetterID == 0 || !r.Outcome.Acked() {
 		t.Fatalf("conflicting payload: %+v", r)
 	}
 	if r := run("m-3", "pay-1", `{"amount":99}`); r.Outcome != dedup.OutcomeConflict || r.MatchedBy != dedup.ByBusinessKey {
@@ -173,7 +174,7 @@ func TestRedisStoreDuplicatesAndConflicts(t *testing.T) {
 		t.Fatalf("dead letters = %+v, %v; want 2", dls, err)
 	}
 	d := dls[0]
-	if d.ID != r.DeadLetterID || dls[1].ID <= d.ID || d.Reason != dedup.ReasonFingerprintConflict || string(d.Payload) != `{"amount":45}` ||
+	if d.ID != r.DeadLetterID || dls[1].ID <= d.ID || d.Reason != dedup.ReasonPayloadConflict || dls[1].Reason != dedup.ReasonPayloadConflict || string(d.Payload) != `{"amount":45}` ||
 		d.MessageID != "m-1" || d.Topic != "payments" || d.Headers["message-id"] != "m-1" {
 		t.Fatalf("conflict dead letter = %+v", d)
 	}

@@ -39,8 +39,15 @@ type Row struct {
 	// counted.
 	Attempts int
 	// LastError is the error of the most recent failed publish, at most
-	// 2048 bytes; "" when none.
+	// RelayConfig.MaxErrorBytes (2048) bytes; "" when none. It is kept
+	// after the row publishes, as history: a published row with a
+	// LastError failed before and was published since; an unpublished one
+	// is failing now.
 	LastError string
+	// LastErrorAt is the database time of the most recent failed publish
+	// (nil when none, and for rows published before migration 003, which
+	// did not record it).
+	LastErrorAt *time.Time
 	// LastAttemptAt is the database time of the most recent recorded
 	// attempt (nil when none).
 	LastAttemptAt *time.Time
@@ -59,12 +66,12 @@ type Row struct {
 var ErrNotFound = errors.New("idemq/outbox: row not found")
 
 const rowColumns = `seq, id, topic, key, headers, payload, causation_id, created_at, available_at,
-  attempts, coalesce(last_error, ''), last_attempt_at, parked_at, published_at, coalesce(published_by, '')`
+  attempts, coalesce(last_error, ''), last_error_at, last_attempt_at, parked_at, published_at, coalesce(published_by, '')`
 
 func scanRow(r pgx.Row) (Row, error) {
 	var row Row
 	err := r.Scan(&row.Seq, &row.ID, &row.Topic, &row.Key, &row.Headers, &row.Payload, &row.CausationID,
-		&row.CreatedAt, &row.AvailableAt, &row.Attempts, &row.LastError, &row.LastAttemptAt, &row.ParkedAt,
+		&row.CreatedAt, &row.AvailableAt, &row.Attempts, &row.LastError, &row.LastErrorAt, &row.LastAttemptAt, &row.ParkedAt,
 		&row.PublishedAt, &row.PublishedBy)
 	return row, err
 }
@@ -150,10 +157,21 @@ type Stats struct {
 	// Pending counts unpublished rows that are not parked (including rows
 	// waiting for a retry or a Delay).
 	Pending int64
+	// Failing counts the Pending rows whose last publish attempt failed:
+	// failing now, waiting for a retry (a row unparked after failures
+	// counts until it publishes).
+	Failing int64
 	// Parked counts parked rows.
 	Parked int64
 	// Published counts published rows not yet purged.
 	Published int64
+	// PublishedAfterFailure counts the Published rows that failed at least
+	// once before they were published: failed before, published since.
+	PublishedAfterFailure int64
+	// LastErrorAt is the database time of the most recent failed publish
+	// among the rows not yet purged; zero when none (or only failures
+	// older than migration 003, which did not record it).
+	LastErrorAt time.Time
 	// OldestPending is the age of the oldest pending row (database now()
 	// minus its created_at): the relay lag. Zero when nothing is pending.
 	OldestPending time.Duration
@@ -167,14 +185,21 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 	}
 	var s Stats
 	var lagSecs float64
+	var lastErrorAt *time.Time
 	err := o.pool.QueryRow(ctx, `select
   count(*) filter (where published_at is null and parked_at is null),
+  count(*) filter (where published_at is null and parked_at is null and last_error is not null),
   count(*) filter (where published_at is null and parked_at is not null),
   count(*) filter (where published_at is not null),
+  count(*) filter (where published_at is not null and last_error is not null),
+  max(last_error_at),
   coalesce(extract(epoch from now() - min(created_at) filter (where published_at is null and parked_at is null)), 0)::float8
-from `+o.q.table).Scan(&s.Pending, &s.Parked, &s.Published, &lagSecs)
+from `+o.q.table).Scan(&s.Pending, &s.Failing, &s.Parked, &s.Published, &s.PublishedAfterFailure, &lastErrorAt, &lagSecs)
 	if err != nil {
 		return Stats{}, fmt.Errorf("idemq/outbox: stats: %w", err)
+	}
+	if lastErrorAt != nil {
+		s.LastErrorAt = *lastErrorAt
 	}
 	s.OldestPending = time.Duration(lagSecs * float64(time.Second))
 	return s, nil

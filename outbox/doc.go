@@ -90,7 +90,11 @@
 //
 // Add sends pg_notify in its insert statement; the relay LISTENs and wakes at
 // commit, and polls every RelayConfig.PollInterval as a fallback (lost
-// notifications, a dropped LISTEN connection, retry times coming due).
+// notifications, retry times coming due). LISTEN is optional: when its
+// connection is lost the workers are woken at once and poll every
+// RelayConfig.FallbackPollInterval (1s by default, however long
+// PollInterval is) while the relay reconnects in the background; the loss is
+// one warning in the log and RelayStats.ListenLost.
 // Published rows are deleted after RelayConfig.Retention, in batches of
 // RelayConfig.PurgeBatch.
 //
@@ -105,4 +109,6 @@
 // RelayConfig.Hooks.AfterPublish runs between the publish and the mark; tests
 // and the order-pipeline demo use it to kill the process or its database
 // connection exactly there (scenario S16 of the integration tests).
+// RelayConfig.Hooks.BeforeListen runs before each LISTEN (re)connect; tests
+// use it to hold the LISTEN connection down.
 package outbox

@@ -111,7 +111,7 @@ set published_at = now(), published_by = $2, attempts = attempts + 1, last_attem
 where seq = any($1::bigint[]) and published_at is null`
 
 	q.failedSQL = `update ` + q.table + ` o
-set attempts = o.attempts + 1, last_error = u.err, last_attempt_at = now(),
+set attempts = o.attempts + 1, last_error = u.err, last_error_at = now(), last_attempt_at = now(),
     available_at = now() + make_interval(secs => u.delay),
     parked_at = case when o.attempts + 1 >= $4 then now() end
 from unnest($1::bigint[], $2::text[], $3::float8[]) as u(seq, err, delay)

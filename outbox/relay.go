@@ -30,6 +30,9 @@ type Relay struct {
 	running atomic.Bool
 	wakeMu  sync.Mutex
 	wakes   []chan struct{}
+	// listening is true while the LISTEN connection is up: only then may
+	// idle workers wait PollInterval instead of FallbackPollInterval.
+	listening atomic.Bool
 
 	// cursor is where the next key walk starts: (topic, key) of the last key
 	// visited; the zero value is the start.
@@ -37,7 +40,7 @@ type Relay struct {
 	cursorTop string
 	cursorKey []byte
 
-	batches, claimed, published, failed, parked, purged, dbErrors atomic.Int64
+	batches, claimed, published, failed, parked, purged, dbErrors, listenLost atomic.Int64
 }
 
 // NewRelay validates cfg and returns a relay for ob's table publishing
@@ -79,12 +82,18 @@ type RelayStats struct {
 	// DBErrors counts batches lost to a database error (the claim, the mark
 	// or the commit failed); their rows are published again later.
 	DBErrors int64
+	// ListenLost counts losses of the LISTEN connection (a connection that
+	// failed, or the first one that could not be made): each time the
+	// workers fell back to polling every FallbackPollInterval until a new
+	// one was up. Failed reconnects during one loss count once.
+	ListenLost int64
 }
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() RelayStats {
 	return RelayStats{Batches: r.batches.Load(), Claimed: r.claimed.Load(), Published: r.published.Load(),
-		Failed: r.failed.Load(), Parked: r.parked.Load(), Purged: r.purged.Load(), DBErrors: r.dbErrors.Load()}
+		Failed: r.failed.Load(), Parked: r.parked.Load(), Purged: r.purged.Load(), DBErrors: r.dbErrors.Load(),
+		ListenLost: r.listenLost.Load()}
 }
 
 // ErrRunning is returned by Run when the relay is already running.
@@ -162,7 +171,7 @@ func (r *Relay) worker(ctx, work context.Context, wake <-chan struct{}) {
 	var nextRetry time.Time
 	for ctx.Err() == nil {
 		res, err := r.runBatch(work)
-		wait := r.cfg.PollInterval
+		wait := r.idleWait()
 		switch {
 		case err != nil:
 			r.dbErrors.Add(1)
@@ -197,15 +206,36 @@ func (r *Relay) worker(ctx, work context.Context, wake <-chan struct{}) {
 	}
 }
 
+// idleWait is how long an idle worker waits for a wake-up before it looks
+// for rows on its own: PollInterval while notifications can wake it (the
+// LISTEN connection is up, or LISTEN is off and polling is all there is),
+// FallbackPollInterval while the LISTEN connection is down.
+func (r *Relay) idleWait() time.Duration {
+	if r.cfg.DisableListen || r.listening.Load() {
+		return r.cfg.PollInterval
+	}
+	return r.cfg.FallbackPollInterval
+}
+
 // listen holds a LISTEN connection and wakes the workers on each
-// notification, reconnecting with backoff; after every (re)connect it wakes
-// them once, in case notifications were missed meanwhile.
+// notification, reconnecting with backoff in the background. When the
+// connection is lost (or cannot be made at start) the workers are woken at
+// once and poll every FallbackPollInterval until a new one is up; after
+// every (re)connect they are woken once, in case notifications were missed
+// meanwhile. Each loss logs one warning and each return one info line;
+// failed reconnects in between are debug lines.
 func (r *Relay) listen(ctx context.Context) {
 	b := &backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: 10 * time.Second}
 	b.Reset()
+	down := false
 	for ctx.Err() == nil {
 		start := time.Now()
-		err := r.listenOnce(ctx)
+		err := r.listenOnce(ctx, func() {
+			if down {
+				down = false
+				r.log.Info("idemq: relay LISTEN connection back; polling every PollInterval again", "poll_every", r.cfg.PollInterval)
+			}
+		})
 		if ctx.Err() != nil {
 			return
 		}
@@ -213,7 +243,18 @@ func (r *Relay) listen(ctx context.Context) {
 			b.Reset()
 		}
 		d := b.NextBackOff()
-		r.log.Warn("idemq: relay LISTEN connection lost; polling meanwhile", "err", err, "retry_in", d)
+		if down {
+			r.log.Debug("idemq: relay LISTEN reconnect failed; still polling", "err", err, "retry_in", d)
+		} else {
+			// Fall back to polling now: the workers may be waiting out a
+			// long PollInterval, and rows committed from here on wake
+			// nobody.
+			down = true
+			r.listenLost.Add(1)
+			r.Wake()
+			r.log.Warn("idemq: relay LISTEN connection lost; polling meanwhile", "err", err,
+				"poll_every", r.cfg.FallbackPollInterval, "retry_in", d)
+		}
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
@@ -223,7 +264,14 @@ func (r *Relay) listen(ctx context.Context) {
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context) error {
+// listenOnce makes the LISTEN connection, calls up once it listens, and
+// wakes the workers on each notification until the connection fails.
+func (r *Relay) listenOnce(ctx context.Context, up func()) error {
+	if h := r.cfg.Hooks.BeforeListen; h != nil {
+		if err := h(ctx); err != nil {
+			return fmt.Errorf("idemq/outbox: before-listen hook: %w", err)
+		}
+	}
 	pc, err := r.ob.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -231,6 +279,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	// A LISTENing connection never goes back to the pool.
 	conn := pc.Hijack()
 	defer func() {
+		r.listening.Store(false)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 		_ = conn.Close(cctx)
@@ -238,6 +287,8 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, r.ob.q.listenSQL); err != nil {
 		return err
 	}
+	r.listening.Store(true)
+	up()
 	r.Wake()
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {

@@ -40,11 +40,21 @@ type RelayConfig struct {
 	Workers int
 	// PollInterval is how often an idle worker looks for rows without being
 	// woken: the fallback when a notification is lost, when LISTEN is off,
-	// and for rows whose retry time or Delay has come. Default 1s; 10ms to
-	// 1h.
+	// and for rows whose retry time or Delay has come. While the LISTEN
+	// connection is down, FallbackPollInterval applies instead. Default 1s;
+	// 10ms to 1h.
 	PollInterval time.Duration
+	// FallbackPollInterval is how often an idle worker looks for rows while
+	// the LISTEN connection is down (lost, or not made yet), when no
+	// notification can wake it. When the connection is lost the workers
+	// are woken at once and the relay reconnects in the background (with
+	// backoff, 200ms doubling to 10s); once it is back they wait
+	// PollInterval again. Default 1s or PollInterval, whichever is
+	// shorter; 10ms to PollInterval. Unused with DisableListen.
+	FallbackPollInterval time.Duration
 	// DisableListen turns off LISTEN (one extra connection per relay, held
-	// for its lifetime), leaving polling only. Default false (listen).
+	// for its lifetime), leaving polling only (every PollInterval). Default
+	// false (listen).
 	DisableListen bool
 	// PublishTimeout bounds one Publish call (one round of a batch: at most
 	// one row per key). A publish that times out counts as failed. Default
@@ -97,6 +107,12 @@ type Hooks struct {
 	// message IDs and bytes, as after a crash at that point. A hook may
 	// also kill the process or terminate tx's backend.
 	AfterPublish func(ctx context.Context, tx pgx.Tx, published []Envelope) error
+	// BeforeListen runs before each attempt to make the LISTEN connection
+	// (the first, and every reconnect after a loss). A non-nil error fails
+	// that attempt as a lost connection would: the workers poll every
+	// FallbackPollInterval and the relay tries again after its backoff.
+	// It may block to hold the connection down (until ctx ends).
+	BeforeListen func(ctx context.Context) error
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -120,6 +136,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	defInt(&c.MaxKeys, c.BatchSize)
 	defInt(&c.Workers, 1)
 	def(&c.PollInterval, time.Second)
+	def(&c.FallbackPollInterval, min(time.Second, c.PollInterval))
 	def(&c.PublishTimeout, 30*time.Second)
 	def(&c.RetryInitial, time.Second)
 	def(&c.RetryMax, 5*time.Minute)
@@ -150,6 +167,8 @@ func (c RelayConfig) validate() error {
 		return bad("Workers %d must be 1 to 64", c.Workers)
 	case c.PollInterval < 10*time.Millisecond || c.PollInterval > time.Hour:
 		return bad("PollInterval %s must be 10ms to 1h", c.PollInterval)
+	case c.FallbackPollInterval < 10*time.Millisecond || c.FallbackPollInterval > c.PollInterval:
+		return bad("FallbackPollInterval %s must be 10ms to PollInterval (%s)", c.FallbackPollInterval, c.PollInterval)
 	case c.PublishTimeout < 100*time.Millisecond || c.PublishTimeout > 10*time.Minute:
 		return bad("PublishTimeout %s must be 100ms to 10m", c.PublishTimeout)
 	case c.RetryInitial < time.Millisecond || c.RetryMax < c.RetryInitial || c.RetryMax > 24*time.Hour:

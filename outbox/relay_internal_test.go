@@ -211,6 +211,7 @@ func TestConfigValidation(t *testing.T) {
 		{PublishTimeout: time.Millisecond}, {RetryInitial: time.Minute, RetryMax: time.Second},
 		{MaxAttempts: -1}, {MaxErrorBytes: 10}, {PurgeInterval: time.Millisecond}, {PurgeBatch: -5},
 		{ShutdownGrace: -time.Second}, {Name: strings.Repeat("n", 256)}, {BatchSize: 10, MaxKeys: 11}, {MaxKeys: -1},
+		{FallbackPollInterval: time.Millisecond}, {PollInterval: time.Second, FallbackPollInterval: 2 * time.Second},
 	} {
 		if err := rc.withDefaults().validate(); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("RelayConfig %+v: %v, want ErrInvalidConfig", rc, err)
@@ -223,6 +224,12 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if err := d.validate(); err != nil {
 		t.Fatal(err)
+	}
+	// The fallback poll defaults to 1s, never above PollInterval.
+	for poll, want := range map[time.Duration]time.Duration{0: time.Second, time.Hour: time.Second, 100 * time.Millisecond: 100 * time.Millisecond} {
+		if got := (RelayConfig{PollInterval: poll}).withDefaults().FallbackPollInterval; got != want {
+			t.Errorf("PollInterval %s: FallbackPollInterval %s, want %s", poll, got, want)
+		}
 	}
 	if _, err := NewRelay(o, PublisherFunc(nil), RelayConfig{}); !errors.Is(err, ErrNoPool) {
 		t.Fatalf("NewRelay without pool: %v", err)

@@ -24,6 +24,10 @@
 //     of the stored copy (Position), where topic is the queue actually read
 //     (%RETRY%<group> for a retry copy).
 //
+// A blank value ("", " ", "\t", any white space: dedup.IsBlank) counts as
+// absent at each step: a blank message-id property falls back to the
+// UNIQ_KEY, never to a " " shared by every such message.
+//
 // OffsetMsgId is never used: it names one stored copy (broker address plus
 // commit-log offset) and changes for every %RETRY% copy. When a message has
 // no UNIQ_KEY the client sets MsgId to OffsetMsgId; the adapter detects that

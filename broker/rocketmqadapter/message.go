@@ -31,6 +31,8 @@ func Position(topic, brokerName string, queueID int, queueOffset int64) string {
 // documentation: the property prop ("" means DefaultMessageIDProperty) when
 // set, else the UNIQ_KEY property, else MsgId unless it is only the
 // OffsetMsgId fallback; "" when none applies (the position is then used).
+// A blank value (dedup.IsBlank: "", " ", "\t" …) counts as not set at every
+// step, so a blank message-id property falls back to the UNIQ_KEY.
 func MessageID(m *primitive.MessageExt, prop string) string {
 	if m == nil {
 		return ""
@@ -38,13 +40,13 @@ func MessageID(m *primitive.MessageExt, prop string) string {
 	if prop == "" {
 		prop = DefaultMessageIDProperty
 	}
-	if v := m.GetProperty(prop); v != "" {
+	if v := m.GetProperty(prop); !dedup.IsBlank(v) {
 		return v
 	}
-	if v := m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex); v != "" {
+	if v := m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex); !dedup.IsBlank(v) {
 		return v
 	}
-	if m.MsgId != "" && m.MsgId != m.OffsetMsgId {
+	if !dedup.IsBlank(m.MsgId) && m.MsgId != m.OffsetMsgId {
 		return m.MsgId
 	}
 	return ""
@@ -130,14 +132,18 @@ func BusinessKeyFromKeys(msg *dedup.Message) (string, error) {
 }
 
 // BusinessKeyFromProperty returns a consumer.BusinessKeyFunc reading the
-// business key from user property name. When required is true a message
-// without it is bad input (dead-lettered with reason bad_input, error
-// wrapping ErrNoBusinessKey); otherwise it has no business key.
+// business key from user property name. A blank value (dedup.IsBlank) is
+// absent. When required is true a message without it is bad input
+// (dead-lettered with reason bad_input, error wrapping ErrNoBusinessKey);
+// otherwise it has no business key ("").
 func BusinessKeyFromProperty(name string, required bool) consumer.BusinessKeyFunc {
 	return func(msg *dedup.Message) (string, error) {
 		v := msg.Header(name)
-		if v == "" && required {
-			return "", errors.Join(ErrNoBusinessKey, errors.New("property "+strconv.Quote(name)))
+		if dedup.IsBlank(v) {
+			if required {
+				return "", errors.Join(ErrNoBusinessKey, errors.New("property "+strconv.Quote(name)))
+			}
+			return "", nil
 		}
 		return v, nil
 	}

@@ -3,11 +3,12 @@
 //	idemq migrate [flags]           create or upgrade the consumption-record and dead-letter tables
 //	idemq inspect [flags]           show the consumption record of a message ID or business key
 //	idemq dead-letters [flags]      list the dead letters of a scope
-//	idemq redrive [flags]           make a FAILED_FINAL record retryable again
+//	idemq redrive [flags]           make a FAILED_FINAL record retryable again (-message-id),
+//	                                or publish a conflict's dead letter as a new message (-as-new -id N)
 //	idemq purge [flags]             delete expired consumption records
 //	idemq relay [flags]             run an outbox relay until SIGINT/SIGTERM
 //	idemq outbox migrate [flags]    create or upgrade the outbox table
-//	idemq outbox stats [flags]      count pending, parked and published rows
+//	idemq outbox stats [flags]      count pending (failing now), parked and published (after a failure) rows
 //	idemq outbox parked [flags]     list parked rows with their last error
 //	idemq outbox unpark [flags] ID… make parked rows publishable again
 //
@@ -16,6 +17,9 @@
 // else postgres://idemq:idemq@127.0.0.1:5432/idemq; -schema names the schema
 // of idemq's tables (default "idemq"). inspect, dead-letters and redrive
 // read a Redis-only store (dedup/redisstore) instead when given -redis URL
-// (and -redis-prefix, default "idemq"). Run `idemq <command> -h` for the
-// flags of a command.
+// (and -redis-prefix, default "idemq"). redrive -as-new writes an audit row
+// and publishes the dead letter under the message ID
+// "<message ID>#redrive-<id>" to -broker kafka (-kafka-brokers) or rocketmq
+// (-rocketmq-namesrv); a payload conflict needs -force. Run
+// `idemq <command> -h` for the flags of a command.
 package main

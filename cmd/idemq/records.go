@@ -37,7 +37,7 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 	f.db.register(fs)
 	fs.StringVar(&f.records, "records-table", "consumption_records", "consumption record table")
 	fs.StringVar(&f.deadLetters, "dead-letters-table", "dead_letters", "dead-letter table")
-	fs.StringVar(&f.redisURL, "redis", "", "read a Redis-only store (dedup/redisstore) at this URL, e.g. redis://127.0.0.1:6379/0, instead of Postgres")
+	fs.StringVar(&f.redisURL, "redis", "", "use a Redis-only store (dedup/redisstore) at this URL, e.g. redis://127.0.0.1:6379/0, instead of Postgres")
 	fs.StringVar(&f.prefix, "redis-prefix", "idemq", "key prefix of the Redis-only store (redisstore.Config.Prefix)")
 }
 
@@ -48,6 +48,7 @@ type recordAdmin interface {
 	LookupBusinessKey(ctx context.Context, scope, businessKey string) (dedup.Record, error)
 	DeadLetters(ctx context.Context, scope string, afterID int64, limit int) ([]dedup.DeadLetter, error)
 	Redrive(ctx context.Context, scope, messageID string) error
+	RedriveAsNew(ctx context.Context, scope string, deadLetterID int64, opt dedup.RedriveAsNewOptions) (dedup.RedriveAsNewResult, error)
 }
 
 // admin opens the store the flags name; closeStore releases it.
@@ -192,9 +193,15 @@ func runDeadLetters(ctx context.Context, args []string) error {
 	}
 	// The tabwriter buffers the rows; Flush reports a failed write to stdout.
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	// REDRIVEN is "true" once the record was re-driven in place (redrive
+	// -message-id), or "as <derived message ID>" after redrive -as-new.
 	_, _ = fmt.Fprintln(w, "ID\tMESSAGE ID\tBUSINESS KEY\tREASON\tATTEMPTS\tREDRIVEN\tERROR")
 	for _, d := range dls {
-		_, _ = fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%v\t%.80s\n", d.ID, d.MessageID, d.BusinessKey, d.Reason, d.Attempts, d.RedrivenAt != nil, d.Error)
+		redriven := fmt.Sprint(d.RedrivenAt != nil)
+		if d.RedrivenAs != "" {
+			redriven = "as " + d.RedrivenAs
+		}
+		_, _ = fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%.80s\n", d.ID, d.MessageID, d.BusinessKey, d.Reason, d.Attempts, redriven, d.Error)
 	}
 	return w.Flush()
 }
@@ -204,9 +211,20 @@ func runRedrive(ctx context.Context, args []string) error {
 	var f storeFlags
 	f.register(fs)
 	scope := fs.String("scope", "", "scope (consumer group)")
-	msgID := fs.String("message-id", "", "message ID of the FAILED_FINAL record")
-	if err := parse(fs, args, map[string]*string{"scope": scope, "message-id": msgID}); err != nil {
+	msgID := fs.String("message-id", "", "message ID of the FAILED_FINAL record (not with -as-new)")
+	var an asNewFlags
+	an.register(fs)
+	if err := parse(fs, args, map[string]*string{"scope": scope}); err != nil {
 		return err
+	}
+	if an.asNew {
+		if *msgID != "" {
+			return errors.New("redrive: -as-new re-drives one dead letter: give its -id (see idemq dead-letters), not -message-id")
+		}
+		return an.run(ctx, &f, *scope)
+	}
+	if *msgID == "" {
+		return errors.New("redrive: -message-id is required (or -as-new -id N for a conflict's dead letter)")
 	}
 	st, closeStore, err := f.admin(ctx)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -167,7 +168,7 @@ func runOutbox(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("pending %d\nparked %d\npublished %d\noldest_pending %s\n", s.Pending, s.Parked, s.Published, s.OldestPending.Round(time.Millisecond))
+		printOutboxStats(os.Stdout, s)
 	case "parked":
 		rows, err := ob.Parked(ctx, *limit)
 		if err != nil {
@@ -192,4 +193,17 @@ func runOutbox(ctx context.Context, args []string) error {
 		fmt.Printf("unparked %d rows\n", n)
 	}
 	return nil
+}
+
+// printOutboxStats prints s one "name value" line each. failing_now (pending
+// rows whose last attempt failed) and published_after_failure (published
+// rows that failed before) tell a failure that is still going on from one
+// that is over; last_error_at is "-" when no failure is recorded.
+func printOutboxStats(w io.Writer, s outbox.Stats) {
+	lastErr := "-"
+	if !s.LastErrorAt.IsZero() {
+		lastErr = s.LastErrorAt.UTC().Format(time.RFC3339)
+	}
+	_, _ = fmt.Fprintf(w, "pending %d\nfailing_now %d\nparked %d\npublished %d\npublished_after_failure %d\nlast_error_at %s\noldest_pending %s\n",
+		s.Pending, s.Failing, s.Parked, s.Published, s.PublishedAfterFailure, lastErr, s.OldestPending.Round(time.Millisecond))
 }

@@ -272,14 +272,24 @@ func (s *Store) claim(ctx context.Context, msg *dedup.Message, sums []dedup.Keye
 	if err != nil {
 		return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: %w", id, err)
 	}
+	return claimReply(id, recMID, token, v)
+}
+
+// claimReply reads claimScript's final reply v (after follow) about the
+// record of message ID recMID, for a claim by owner token: a claim to run
+// the handler under, or nil and the delivery's result.
+func claimReply(id dedup.Identity, recMID string, token uuid.UUID, v []any) (*claimed, dedup.Result, error) {
 	switch str(v, 0) {
 	case "RUN":
+		if num(v, 1) < 1 || num(v, 2) < 1 || str(v, 3) == "" {
+			return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: unexpected reply %v", id, v)
+		}
 		recID := dedup.Identity{Scope: id.Scope, MessageID: str(v, 3), BusinessKey: str(v, 4)}
 		l := dedup.Lease{Identity: id, Record: recID, OwnerToken: token, Attempt: int(num(v, 1)), Fence: num(v, 2)}
 		return &claimed{lease: l, recordMID: recID.MessageID, recordBK: recID.BusinessKey}, dedup.Result{}, nil
 	case "EXHAUSTED":
 		return nil, dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: int(num(v, 1)),
-			MatchedBy: dedup.MatchedBy(str(v, 2)), DeadLetterID: streamID(str(v, 3)),
+			MatchedBy: dedup.MatchedBy(str(v, 2)), DeadLetterID: streamID(str(v, 3)), Reason: dedup.ReasonAttemptsExhausted,
 			Err: fmt.Errorf("idemq/redisstore: %s: attempts exhausted: %w (the lease of the last attempt expired)", id, dedup.ErrExecutionLost)}, nil
 	}
 	res := dedup.Result{Status: dedup.Status(str(v, 1)), Attempts: int(num(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}
@@ -289,8 +299,12 @@ func (s *Store) claim(ctx context.Context, msg *dedup.Message, sums []dedup.Keye
 	case "HELD":
 		res.Outcome, res.Err = dedup.OutcomeRetry, dedup.ErrLeaseHeld
 	case "CONFLICT":
-		res.Outcome, res.DeadLetterID = dedup.OutcomeConflict, streamID(str(v, 4))
-		res.Err = fmt.Errorf("%w: %s matches record %s by %s with a different payload", dedup.ErrFingerprintConflict, id, recMID, res.MatchedBy)
+		if r := str(v, 5); r != dedup.ReasonMessageIDCollision && r != dedup.ReasonPayloadConflict {
+			return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: unexpected reply %v", id, v)
+		}
+		res.Outcome, res.DeadLetterID, res.Reason = dedup.OutcomeConflict, streamID(str(v, 4)), str(v, 5)
+		res.Err = &dedup.ConflictError{Reason: res.Reason, Identity: id, MatchedBy: res.MatchedBy,
+			Record: dedup.Identity{Scope: id.Scope, MessageID: recMID, BusinessKey: str(v, 6)}}
 	default:
 		return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: unexpected reply %v", id, v)
 	}
@@ -335,8 +349,13 @@ func (r *redisLease) Succeed(ctx context.Context) (bool, error) {
 	return fenced, err
 }
 
+// Release gives the lease back; it returns dedup.ErrFenced when the record
+// is not this owner's any more (it was taken over meanwhile).
 func (r *redisLease) Release(ctx context.Context) error {
-	_, _, err := r.finish(ctx, "RELEASE", nil, "")
+	_, fenced, err := r.finish(ctx, "RELEASE", nil, "")
+	if err == nil && fenced {
+		return dedup.ErrFenced
+	}
 	return err
 }
 
@@ -365,16 +384,39 @@ func (r *redisLease) finish(ctx context.Context, status string, herr error, reas
 	if err != nil {
 		return 0, false, err
 	}
-	return streamID(str(v, 1)), num(v, 0) == 0, nil
+	dlID, fenced, err = finishReply(v)
+	if err != nil {
+		return 0, false, fmt.Errorf("idemq/redisstore: finish %s: %w", id, err)
+	}
+	return dlID, fenced, nil
+}
+
+// finishReply reads finishScript's reply: {0} fenced, {1, dead-letter ID or
+// ""} done.
+func finishReply(v []any) (dlID int64, fenced bool, err error) {
+	switch {
+	case len(v) == 1 && num(v, 0) == 0:
+		return 0, true, nil
+	case len(v) == 2 && num(v, 0) == 1:
+		if id := str(v, 1); id != "" {
+			if dlID = streamID(id); dlID == 0 {
+				return 0, false, fmt.Errorf("unexpected dead-letter ID in reply %v", v)
+			}
+		}
+		return dlID, false, nil
+	}
+	return 0, false, fmt.Errorf("unexpected reply %v", v)
 }
 
 // Reject records msg as bad input without running a handler: the record
 // (found by message ID or business key, or created) becomes FAILED_FINAL
 // with a dead letter holding the whole message, unless it already ended
 // (then OutcomeDuplicate) or a live lease holds it (OutcomeRetry with
-// dedup.ErrLeaseHeld). A record created here has no fingerprint, so a later
-// message with the same business key is a conflict, as with dedup.Store. A
-// nil cause becomes an error naming reason.
+// dedup.ErrLeaseHeld). A record created here keeps the payload's
+// fingerprint when one can be made, as with dedup.Store: once re-driven, the
+// next copy of the message runs the handler, and a later message with the
+// same business key and another payload is a conflict. A nil cause becomes
+// an error naming reason.
 func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, cause error) (dedup.Result, error) {
 	if msg == nil {
 		return dedup.Result{}, errors.New("idemq/redisstore: Reject: nil message")
@@ -385,17 +427,31 @@ func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, c
 	ctx = context.WithoutCancel(ctx)
 	id := msg.Identity
 	k := s.keysOf(id.Scope)
+	token := uuid.NewString() // recognises a second run of this call's script (see prelude)
+	// The payload's fingerprint, when it can be made, stays with a record
+	// created here: re-driven, it then recognizes the next copy.
+	fp := ""
+	if sums, err := s.cfg.Fingerprinter.SumAll(msg.Payload); err == nil {
+		fp = sums[0].KeyID + ":" + hex.EncodeToString(sums[0].Sum)
+	}
 	v, _, err := follow(id, func(recMID string, viaBK bool) ([]any, error) {
 		rec := k.record(recMID)
 		args := []any{id.MessageID, id.BusinessKey, flag(viaBK), recMID, ms(s.cfg.FailedRetention),
 			pgtext.Clip(cause.Error(), s.cfg.MaxErrorBytes), dedup.ErrorClass(cause), reason, ms(s.cfg.FailedRetention)}
-		args = append(append(args, s.deadLetterArgs(msg)...), msg.Source, id.Scope, msg.ReconsumeTimes)
+		// ARGV 14 source, 15 scope, 16 reconsume times, 17 token, 18 fingerprint.
+		args = append(append(args, s.deadLetterArgs(msg)...), msg.Source, id.Scope, msg.ReconsumeTimes, token, fp)
 		keys := []string{rec, k.bkOrRecord(id.BusinessKey, rec), k.lease(recMID), k.deadLetters()}
 		return rejectScript.Run(ctx, s.c, keys, args...).Slice()
 	})
 	if err != nil {
 		return dedup.Result{}, fmt.Errorf("idemq/redisstore: reject %s: %w", id, err)
 	}
+	return rejectReply(id, reason, cause, v)
+}
+
+// rejectReply reads rejectScript's final reply v (after follow) to a
+// rejection for reason.
+func rejectReply(id dedup.Identity, reason string, cause error, v []any) (dedup.Result, error) {
 	switch str(v, 0) {
 	case "DUP":
 		return dedup.Result{Outcome: dedup.OutcomeDuplicate, Status: dedup.Status(str(v, 1)), Attempts: int(num(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}, nil
@@ -404,7 +460,7 @@ func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, c
 			MatchedBy: dedup.MatchedBy(str(v, 3)), Err: dedup.ErrLeaseHeld}, nil
 	case "DEAD":
 		return dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: int(num(v, 1)),
-			Err: cause, DeadLetterID: streamID(str(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}, nil
+			Err: cause, DeadLetterID: streamID(str(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3)), Reason: reason}, nil
 	}
 	return dedup.Result{}, fmt.Errorf("idemq/redisstore: reject %s: unexpected reply %v", id, v)
 }

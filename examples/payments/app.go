@@ -220,9 +220,9 @@ func runConsume(ctx context.Context, args []string) error {
 	}
 	cfg := dedup.Config{Schema: *schema, Fingerprinter: fp, MaxAttempts: *maxAttempts, Logger: log}
 	if *redisAddr != "" {
-		rc := redis.NewClient(&redis.Options{Addr: *redisAddr})
+		rc := redis.NewClient(redisfast.ClientOptions(*redisAddr)) // fails fast: a Redis outage costs next to nothing
 		defer func() { _ = rc.Close() }()
-		if cfg.FastPath, err = redisfast.New(redisfast.Config{Client: rc, Prefix: *redisPrefix}); err != nil {
+		if cfg.FastPath, err = redisfast.New(redisfast.Config{Client: rc, Prefix: *redisPrefix, Logger: log}); err != nil {
 			return err
 		}
 	}

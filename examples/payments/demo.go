@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/broker/kafkaadapter"
+	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
@@ -354,7 +355,7 @@ func summarize(ctx context.Context, pool *pgxpool.Pool, schema, topic string, ms
 	row("duplicates skipped by message ID", ie["duplicate:message_id"], 0)
 	row("duplicates skipped by business key", ie["duplicate:business_key"], 0)
 	row("conflicts (not applied, dead-lettered)", ie["outcome:conflict"], 0)
-	row("dead letters (poison + conflict)", dl["permanent_error"]+dl["fingerprint_conflict"], "0 (poison dropped)")
+	row("dead letters (poison + conflict)", dl[dedup.ReasonPermanentError]+dl[dedup.ReasonPayloadConflict], "0 (poison dropped)")
 	row("payment rows / distinct payments", fmt.Sprintf("%d / %d", is.rows, is.distinct), fmt.Sprintf("%d / %d", ns.rows, ns.distinct))
 	row("double-applied money (cents)", is.extraMoney, ns.extraMoney)
 	row("balances equal expected sums", yesno(is.balancesOK), yesno(ns.balancesOK))
@@ -369,8 +370,11 @@ func summarize(ctx context.Context, pool *pgxpool.Pool, schema, topic string, ms
 	check(is.rows == int64(len(want)) && is.distinct == int64(len(want)), fmt.Sprintf("each of the %d payments applied exactly once", len(want)))
 	check(is.wrongAmount == 0, "no payment applied with a conflicting amount")
 	check(is.balancesOK, "balances equal the expected sums")
-	check(dl["fingerprint_conflict"] == 1, "exactly one fingerprint_conflict dead letter")
-	check(dl["permanent_error"] == 1, "exactly one dead letter for the poison message")
+	// m-09 came back with its business key (p-09) and another amount: one
+	// intent, two payloads.
+	check(dl[dedup.ReasonPayloadConflict] == 1, "exactly one payload_conflict dead letter (m-09 with another amount)")
+	check(len(dl) == 2, fmt.Sprintf("dead letters of two reasons only, got %v", dl))
+	check(dl[dedup.ReasonPermanentError] == 1, "exactly one dead letter for the poison message")
 	check(ie["duplicate:business_key"] >= 1, "the re-send was caught by business key")
 	check(ie["duplicate:message_id"] >= 1, "the producer retry was caught by message ID")
 	check(flakyAttempts == 2, "the transient failure of "+FlakyPayment+" succeeded on attempt 2")
@@ -383,7 +387,7 @@ func summarize(ctx context.Context, pool *pgxpool.Pool, schema, topic string, ms
 		}
 		return errors.New("idemq invariants failed")
 	}
-	fmt.Printf("invariants (idemq): OK: every payment applied once, balances exact, %d dead letters kept, crash absorbed\n", dl["permanent_error"]+dl["fingerprint_conflict"])
+	fmt.Printf("invariants (idemq): OK: every payment applied once, balances exact, %d dead letters kept, crash absorbed\n", dl[dedup.ReasonPermanentError]+dl[dedup.ReasonPayloadConflict])
 	fmt.Printf("\nthe schema %s is kept for a look:\n  go run ./cmd/idemq dead-letters -schema %s -scope %s\n  go run ./cmd/idemq inspect -schema %s -scope %s -message-id m-09\n  (drop it with: drop schema %s cascade)\n",
 		schema, schema, sides["idemq"].group, schema, sides["idemq"].group, schema)
 	return nil

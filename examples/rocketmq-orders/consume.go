@@ -108,7 +108,7 @@ func runConsume(args []string) error {
 	}
 	cfg := dedup.Config{Schema: f.schema, Fingerprinter: fp, MaxAttempts: f.maxAttempts}
 	if f.redisAddr != "" {
-		rc := redis.NewClient(&redis.Options{Addr: f.redisAddr})
+		rc := redis.NewClient(redisfast.ClientOptions(f.redisAddr)) // fails fast: a Redis outage costs next to nothing
 		defer func() { _ = rc.Close() }()
 		if cfg.FastPath, err = redisfast.New(redisfast.Config{Client: rc, Prefix: f.redisPrefix}); err != nil {
 			return err

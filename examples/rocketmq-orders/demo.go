@@ -693,8 +693,8 @@ func (d *demo) summary(took time.Duration) {
 	d.check(idq.outcomes["duplicate:message_id"] >= 3 && idq.outcomes["duplicate:business_key"] >= 2,
 		"re-sends skipped: %d by message_id (≥3: ord-002…004), %d by business_key (≥2: ord-005, ord-006)", idq.outcomes["duplicate:message_id"], idq.outcomes["duplicate:business_key"])
 	amt := d.idemqAmounts[orderID(7)]
-	d.check(idq.outcomes["conflict:business_key"] >= 1 && dlReasons[dedup.ReasonFingerprintConflict] == 1 && len(amt) == 1 && amt[0] == 799,
-		"conflicting re-send of ord-007 not applied (amount %v, want [799]), dead letter %s ×%d", amt, dedup.ReasonFingerprintConflict, dlReasons[dedup.ReasonFingerprintConflict])
+	d.check(idq.outcomes["conflict:business_key"] >= 1 && dlReasons[dedup.ReasonPayloadConflict] == 1 && len(amt) == 1 && amt[0] == 799,
+		"conflicting re-send of ord-007 not applied (amount %v, want [799]), dead letter %s ×%d", amt, dedup.ReasonPayloadConflict, dlReasons[dedup.ReasonPayloadConflict])
 	d.check(d.flakyErr == nil && d.flakyRecord.Status == dedup.StatusSucceeded && d.flakyRecord.Attempts == 3 && d.idemqRows[flakyOrder] == 1,
 		"%s through %%RETRY%%: %s after %d attempts (%s), record reconsume_times %d, %d row", flakyOrder, d.flakyRecord.Status, d.flakyRecord.Attempts, strings.Join(flakyReconsume, ", "), d.flakyRecord.ReconsumeTimes, d.idemqRows[flakyOrder])
 	d.check(d.poisonErr == nil && d.poisonRecord.Status == dedup.StatusFailedFinal && d.poisonRecord.Attempts == maxAttempts && d.idemqRows[poisonOrder] == 0 && dlReasons[dedup.ReasonAttemptsExhausted] == 1 && strings.Contains(d.poisonRecord.LastError, "address invalid"),
