@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -155,22 +156,34 @@ type laneSession struct {
 	marked  map[int64]bool // offsets marked in this session: their retries are marked too
 	last    int64          // pull: highest offset received
 	hasLast bool
+	claim   context.Context // pull: the lane context (Revocable.LaneContext) of the deliveries received; nil: none
 }
 
-// received notes that a pull lane got a delivery at off. An offset not above
-// the last one means the broker handed the lane back from its committed
-// offset (after a rebalance): a new session starts, reading the watermark
-// again, since another process may have run the lane in between.
-func (s *laneSession) received(off int64) {
+// received notes that a pull lane got a delivery at off, fetched under the
+// lane context lc (Revocable.LaneContext; nil when the source cannot revoke
+// lanes). A new session starts, reading the watermark again, when the lane
+// may have been run by another process in between: when the context of the
+// deliveries received before has ended (the lane was revoked, and d belongs
+// to a later assignment of it), or when off is not above the last offset
+// received (the broker handed the lane back from its committed offset, a
+// rebalance of a source that cannot tell). The first catches what the second
+// cannot: a lane handed back above every offset this session saw, which the
+// lane's next owner ran meanwhile and may have died in; without a new
+// session those deliveries would run unmarked below the covered watermark.
+func (s *laneSession) received(off int64, lc context.Context) {
 	if s == nil || !s.pull {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.hasLast && off <= s.last {
+	revoked := s.claim != nil && s.claim.Err() != nil
+	if revoked || (s.hasLast && off <= s.last) {
 		s.started, s.marked = false, nil
 	}
 	s.last, s.hasLast = off, true
+	if lc != nil {
+		s.claim = lc
+	}
 }
 
 // admit makes the lane's stored watermark cover upTo before a handler may
@@ -297,12 +310,18 @@ func (g *crashGuard) runMarked(ctx context.Context, msg *dedup.Message, process 
 	return res, err
 }
 
+// errLaneRevoked is runReplays' error when the lane of the delivery in hand
+// was revoked (Revocable): the caller drops the revoked deliveries.
+var errLaneRevoked = errors.New("idemq/consumer: lane revoked")
+
 // runReplays runs, one at a time and in place, the deliveries at the front
 // of a pull batch that may replay a crash (each like Handle: admitted,
 // checked, marked), so that a death is charged to the one delivery running,
 // never to a whole batch. It returns how many it completed (acked, each
 // passed to com), then makes the lane's watermark cover the rest of pending,
-// which may run as a batch. err is a database error (retry later) or ctx's.
+// which may run as a batch. err is a database error (retry later), ctx's, or
+// errLaneRevoked: a delivery's lane was revoked before or while it ran in
+// place (its retries stop as in lane).
 func (c *Consumer) runReplays(ctx, work context.Context, pending []Delivery, com *committer, sess *laneSession) (int, error) {
 	if sess == nil || len(pending) == 0 {
 		return 0, nil
@@ -316,8 +335,16 @@ func (c *Consumer) runReplays(ctx, work context.Context, pending []Delivery, com
 		if sess.kind(d.Offset) == runPlain {
 			break
 		}
-		res, err := c.handleInPlace(ctx, work, d, sess)
+		dctx, release, revoked := com.hold(ctx, d)
+		if revoked {
+			return n, errLaneRevoked
+		}
+		res, err := c.handleInPlace(dctx, work, d, sess)
+		release()
 		if err != nil {
+			if ctx.Err() == nil && com.revoked(d) {
+				return n, errLaneRevoked
+			}
 			return n, err // ctx ended
 		}
 		if !res.Outcome.Acked() {
@@ -329,4 +356,14 @@ func (c *Consumer) runReplays(ctx, work context.Context, pending []Delivery, com
 		return n, nil
 	}
 	return n, sess.admit(work, pending[len(pending)-1].Offset)
+}
+
+// laneContext returns the lane context of d (Revocable.LaneContext), nil
+// when the source cannot revoke lanes: a pull session starts afresh when it
+// ends (laneSession.received).
+func (c *committer) laneContext(d Delivery) context.Context {
+	if c.rev == nil {
+		return nil
+	}
+	return c.rev.LaneContext(d)
 }

@@ -48,8 +48,9 @@
 //
 //   - Before a lane runs a handler at an offset its stored watermark does not
 //     cover, it raises the watermark to that offset plus CrashLoop.Window.
-//   - A lane session (a pull lane in Run from its first delivery, or after
-//     the broker hands the lane back from an older offset; a push lane for
+//   - A lane session (a pull lane in Run from its first delivery, after the
+//     broker hands the lane back from an older offset, or, with a Revocable
+//     source, after the lane was revoked and assigned again; a push lane for
 //     the Consumer's life) starts by learning the watermark W earlier
 //     processes left. Its deliveries at or below W may replay a crash: one
 //     read (dedup.Store.CheckReplay) answers those already final, as
@@ -62,6 +63,9 @@
 //   - A watermark found above what the session wrote means that another
 //     process ran the lane meanwhile: the deliveries below it are suspects
 //     again.
+//   - A revoked lane's deliveries are dropped before any watermark, check or
+//     marker work (Revocable), also those waiting behind a marked run in
+//     batched mode.
 //
 // Deliveries without a Lane (Handle called directly without one) are not
 // guarded. Lease mode needs none of this: its claim counts every start, and
