@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -66,7 +67,7 @@ set attempts = $2, start_mark = $2, last_error = coalesce($3, last_error), last_
     updated_at = now()
 where id = $1`
 	c.exhaustSQL = `update ` + q.records + `
-set status = 'FAILED_FINAL', attempts = $2, last_error = $3, last_error_class = $4, owner_token = null, lease_until = null,
+set status = 'FAILED_FINAL', attempts = $2, last_error = $3, last_error_class = $4, owner_token = $8::uuid, lease_until = null,
     start_mark = null, source = $6, reconsume_times = $7, updated_at = now(),
     expires_at = now() + make_interval(secs => $5::float8)
 where id = $1`
@@ -241,7 +242,7 @@ func (s *Store) markStart(ctx context.Context, msg *Message, sum []byte, keyID s
 		// first delivery is), which may have died the same way.
 		if n := attempts + 1; n >= s.cfg.MaxAttempts {
 			cause := fmt.Errorf("%w: attempts exhausted after %d handler starts: the process died while the handler ran (found by a start marker after a restart)", ErrExecutionLost, n)
-			res, err := s.exhaustLostExecution(ctx, tx, msg, sum, &rec, rec.matchedBy(id), n, cause)
+			res, err := s.exhaustLostExecution(ctx, tx, msg, sum, &rec, rec.matchedBy(id), n, cause, nil)
 			if err != nil {
 				return StartMark{}, false, err
 			}
@@ -277,10 +278,14 @@ func (s *Store) ClearStart(ctx context.Context, m StartMark) error {
 // exhaustLostExecution makes the locked record rec FAILED_FINAL with attempts
 // n and writes its dead letter (ReasonAttemptsExhausted, class
 // "attempts_exhausted") in tx, for a record whose last execution never
-// reported an outcome (cause wraps ErrExecutionLost). It does not commit.
-func (s *Store) exhaustLostExecution(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, rec *record, by MatchedBy, n int, cause error) (Result, error) {
+// reported an outcome (cause wraps ErrExecutionLost). owner is the lease
+// claim's owner token that ends the record (nil outside lease mode): it is
+// kept on the record, so that the claim, sent again after its answer was
+// lost, recognises its own first run (ownExhaust), and the dead owner's late
+// marks are fenced. It does not commit.
+func (s *Store) exhaustLostExecution(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, rec *record, by MatchedBy, n int, cause error, owner *uuid.UUID) (Result, error) {
 	if _, err := tx.Exec(ctx, s.q.crash.exhaustSQL, rec.id, n, clip(cause.Error(), s.cfg.MaxErrorBytes), classExecutionLost,
-		*s.expiry(StatusFailedFinal), clip(msg.Source, 1024), msg.ReconsumeTimes); err != nil {
+		*s.expiry(StatusFailedFinal), clip(msg.Source, 1024), msg.ReconsumeTimes, owner); err != nil {
 		return Result{}, fmt.Errorf("idemq: mark %s %s: %w", StatusFailedFinal, msg.Identity, err)
 	}
 	dlID, err := s.q.insertDeadLetterClass(ctx, tx, msg, sum, ReasonAttemptsExhausted, cause, classExecutionLost, n, s.cfg.MaxErrorBytes)
@@ -291,6 +296,36 @@ func (s *Store) exhaustLostExecution(ctx context.Context, tx pgx.Tx, msg *Messag
 		"identity", msg.Identity.String(), "attempts", n, "source", msg.Source)
 	return Result{Outcome: OutcomeDeadLetter, MatchedBy: by, Status: StatusFailedFinal, Attempts: n, Err: cause,
 		Reason: ReasonAttemptsExhausted, DeadLetterID: dlID}, nil
+}
+
+// ownExhaust answers a lease claim sent again after its answer was lost
+// (claimLeaseResent) that found msg's record FAILED_FINAL (res, a
+// duplicate): when the record is FAILED_FINAL under one of tokens, the lost
+// claim was the one that found the last attempt's lease expired and
+// dead-lettered the record, and the answer is its dead letter (ok true), as
+// the first run answered; else ok is false and res stands.
+func (s *Store) ownExhaust(ctx context.Context, msg *Message, sum []byte, tokens []uuid.UUID, res Result) (dl Result, ok bool, err error) {
+	id := msg.Identity
+	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var attempts int
+		err := tx.QueryRow(ctx, `select attempts from `+s.q.records+`
+where id = (`+s.q.matchSQL()+`) and owner_token = any($4::uuid[]) and status = 'FAILED_FINAL'`,
+			id.Scope, id.MessageID, id.BusinessKey, tokenStrings(tokens)).Scan(&attempts)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("idemq: lease claim %s: look for a claim whose answer was lost: %w", id, err)
+		}
+		dlID, err := s.q.liveDeadLetterID(ctx, tx, msg, sum, ReasonAttemptsExhausted)
+		if err != nil {
+			return err
+		}
+		dl, ok = Result{Outcome: OutcomeDeadLetter, MatchedBy: res.MatchedBy, Status: StatusFailedFinal, Attempts: attempts,
+			Err: leaseLost(attempts), Reason: ReasonAttemptsExhausted, DeadLetterID: dlID}, true
+		return nil
+	})
+	return dl, ok, err
 }
 
 // leaseLost is the dead letter's cause when a lease-mode copy finds an

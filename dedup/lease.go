@@ -135,7 +135,9 @@ var ErrLeaseHeld = errors.New("idemq: a live lease is held by another owner")
 // record then becomes FAILED_FINAL with a dead letter (ReasonAttemptsExhausted,
 // Result.Err wrapping ErrExecutionLost), the handler does not run and the
 // delivery is acked, so a message that kills every owner starts at most
-// MaxAttempts executions. The Redis-only store applies the same rule.
+// MaxAttempts executions. The Redis-only store applies the same rule. Such a
+// claim, sent again because its answer was lost, answers the same dead
+// letter (the record keeps the claim's owner token).
 func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler, opt LeaseOptions) (Result, error) {
 	if msg == nil || h == nil {
 		return Result{}, errors.New("idemq: ProcessLeased: nil message or handler")
@@ -324,7 +326,7 @@ func (s *Store) claimLease(ctx context.Context, msg *Message, sum []byte, keyID 
 				// without an outcome: final, so a message that kills its
 				// consumer cannot loop (the Redis-only store's rule). A
 				// FAILED_RETRYABLE record at the limit was re-driven: it runs.
-				res, err := s.exhaustLostExecution(ctx, tx, msg, sum, rec, res.MatchedBy, rec.attempts, leaseLost(rec.attempts))
+				res, err := s.exhaustLostExecution(ctx, tx, msg, sum, rec, res.MatchedBy, rec.attempts, leaseLost(rec.attempts), &lease.OwnerToken)
 				if err != nil {
 					return lease, 0, Result{}, err
 				}

@@ -32,7 +32,10 @@ import (
 //     it writes, under its own token and fence, answers done (and, for a
 //     final failure, the dead letter the first run wrote), not fenced;
 //   - a claim whose answer was lost is looked up by its owner token before
-//     claiming again: a committed claim is this caller's lease and runs.
+//     claiming again: a committed claim is this caller's lease and runs; a
+//     committed claim that dead-lettered the record instead (the last
+//     attempt's lease had expired: ErrExecutionLost) left its token on the
+//     FAILED_FINAL record and answers that dead letter again.
 //
 // The heartbeat needs nothing: a renewal extends the lease again, and the
 // next heartbeat is its resend.
@@ -128,6 +131,13 @@ func (s *Store) claimLeaseResent(ctx context.Context, msg *Message, sum []byte, 
 			return own, ownRow, Result{}, nil
 		}
 		lease, rowID, res, err = s.claimLease(ctx, msg, sum, keyID, ttl)
+		if err == nil && rowID == 0 && res.Outcome == OutcomeDuplicate && res.Status == StatusFailedFinal {
+			// The lost claim may have dead-lettered the record at the
+			// last attempt's expired lease (crashloop.go).
+			if dl, ok, ferr := s.ownExhaust(ctx, msg, sum, lost, res); ferr == nil && ok {
+				return lease, 0, dl, nil
+			}
+		}
 		if err == nil && rowID == 0 && errors.Is(res.Err, ErrLeaseHeld) {
 			if own, ownRow, ferr := s.ownClaim(ctx, msg.Identity, lost); ferr == nil && ownRow != 0 {
 				return own, ownRow, Result{}, nil

@@ -375,3 +375,52 @@ func TestStartMarkerCountsRunsThatDied(t *testing.T) {
 		t.Fatalf("dead letters = %+v, want big-1's and big-4-resend's", dls)
 	}
 }
+
+// S17 with S18 on Postgres: the claim that finds the last attempt's lease
+// expired dead-letters the record, and the answer to its COMMIT is lost. The
+// store sends the claim again (resend.go); the resent claim finds the record
+// FAILED_FINAL under its own owner token and answers what the lost first run
+// did: the dead letter (acked, attempts_exhausted, Err wrapping
+// ErrExecutionLost, the ID of the one dead letter written), not a duplicate.
+// The dead owner's late completion is fenced.
+func TestS17LeaseCapClaimAnswerLost(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	st, p := proxiedLeaseStore(t, e, func(c *dedup.Config) { c.MaxAttempts = 1 })
+	const scope, id = "ingest", "ingest/big-78"
+	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1} // no heartbeat statements on the wire
+	release := make(chan struct{})
+	dead := make(chan dedup.Result, 1)
+	started := make(chan struct{})
+	go func() {
+		r, _ := st.ProcessLeased(e.ctx, msg(t, scope, id, "", "big"), func(context.Context, *dedup.Message) error {
+			close(started)
+			<-release // the owner "dies" holding the lease; it returns at the end
+			return nil
+		}, opt)
+		dead <- r
+	}()
+	<-started
+	time.Sleep(opt.TTL + 500*time.Millisecond) // its lease expires, in database time
+
+	p.DropReplyOnce(pgCommitAfter(sqlHas("set status = 'FAILED_FINAL', attempts = $2")))
+	r, err := st.ProcessLeased(e.ctx, msg(t, scope, id, "", "big"), func(context.Context, *dedup.Message) error {
+		return errors.New("the copy at the exhausted limit must not run the handler")
+	}, opt)
+	p.WaitDropped(1)
+	dls := e.deadLetters(scope)
+	if err != nil || r.Outcome != dedup.OutcomeDeadLetter || !r.Outcome.Acked() || r.HandlerCalled || r.Status != dedup.StatusFailedFinal ||
+		r.Attempts != 1 || r.Reason != dedup.ReasonAttemptsExhausted || !errors.Is(r.Err, dedup.ErrExecutionLost) {
+		t.Fatalf("resent claim: %+v, %v; want the acked attempts_exhausted dead letter its lost first run wrote", r, err)
+	}
+	if len(dls) != 1 || dls[0].Reason != dedup.ReasonAttemptsExhausted || r.DeadLetterID != dls[0].ID {
+		t.Fatalf("dead letters = %+v, result's ID %d; want one attempts_exhausted, with that ID", dls, r.DeadLetterID)
+	}
+	close(release)
+	if late := <-dead; late.Outcome != dedup.OutcomeFenced {
+		t.Fatalf("the dead owner's late completion: %+v; want fenced", late)
+	}
+	if rec := e.record(scope, id); rec.Status != dedup.StatusFailedFinal || rec.Attempts != 1 {
+		t.Fatalf("record = %+v; want FAILED_FINAL, attempts 1", rec)
+	}
+}
