@@ -144,7 +144,7 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler,
 	if res, hit := s.fastLookup(ctx, msg); hit {
 		return res, nil
 	}
-	lease, rowID, res, err := s.claimLease(ctx, msg, sum, keyID, opt.TTL)
+	lease, rowID, res, err := s.claimLeaseRetrying(ctx, msg, sum, keyID, opt.TTL)
 	if err != nil || rowID == 0 {
 		return res, err
 	}
@@ -194,7 +194,9 @@ type LeaseMarks interface {
 //     (OutcomeRetry).
 //
 // A panic in h is an error (*PanicError). Marks are made even after ctx
-// ended. A non-nil error means the outcome was not recorded: do not ack.
+// ended. A non-nil error means the outcome was not recorded, or not known to
+// be (a mark whose connection was lost: it wraps ErrOutcomeUnknown): do not
+// ack. The Result returned with it has HandlerCalled and Attempts set.
 func RunLease(ctx context.Context, msg *Message, l Lease, h LeaseHandler, opt LeaseOptions, maxAttempts int, marks LeaseMarks, log *slog.Logger) (Result, error) {
 	opt = opt.WithDefaults()
 	msg.Attempt = l.Attempt
@@ -229,7 +231,9 @@ func RunLease(ctx context.Context, msg *Message, l Lease, h LeaseHandler, opt Le
 	if herr == nil {
 		lost, err := marks.Succeed(mctx)
 		if err != nil {
-			return Result{}, fmt.Errorf("idemq: lease complete %s: %w", l.Identity, err)
+			// Not recorded, or not known to be: not acked, not counted; the
+			// handler ran all the same.
+			return res, wrapUnknown(fmt.Errorf("idemq: lease complete %s: %w", l.Identity, err))
 		}
 		if lost {
 			return fence()
@@ -243,7 +247,7 @@ func RunLease(ctx context.Context, msg *Message, l Lease, h LeaseHandler, opt Le
 		if rerr := marks.Release(mctx); rerr != nil {
 			log.Warn("idemq: release lease", "identity", l.Identity.String(), "err", rerr)
 		}
-		return Result{}, fmt.Errorf("idemq: handler interrupted: %w", errors.Join(ctx.Err(), herr))
+		return res, fmt.Errorf("%w: handler interrupted: %w", ErrOutcomeUnknown, errors.Join(ctx.Err(), herr))
 	}
 	status, reason := StatusFailedRetryable, ""
 	switch {
@@ -254,7 +258,7 @@ func RunLease(ctx context.Context, msg *Message, l Lease, h LeaseHandler, opt Le
 	}
 	dlID, lost, err := marks.Fail(mctx, status, reason, herr)
 	if err != nil {
-		return Result{}, fmt.Errorf("idemq: lease mark %s %s: %w", status, l.Identity, err)
+		return res, wrapUnknown(fmt.Errorf("idemq: lease mark %s %s: %w", status, l.Identity, err))
 	}
 	if lost {
 		return fence()
@@ -338,9 +342,18 @@ func (p *pgLease) Renew(ctx context.Context) (bool, error) {
 	return err == nil && tag.RowsAffected() > 0, err
 }
 
+// Succeed is retried in place (markRetry) when its outcome is unknown or
+// it is transient; a retry that finds the record already SUCCEEDED at this
+// lease's fence knows that an earlier try committed.
 func (p *pgLease) Succeed(ctx context.Context) (bool, error) {
-	tag, err := p.s.pool.Exec(ctx, p.s.q.leaseDoneSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, *p.s.expiry(StatusSucceeded))
-	return err == nil && tag.RowsAffected() == 0, err
+	return markRetry(ctx, p.s, "lease complete "+p.lease.Identity.String(), func() (bool, error) {
+		tag, err := p.s.pool.Exec(ctx, p.s.q.leaseDoneSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, *p.s.expiry(StatusSucceeded))
+		if err != nil || tag.RowsAffected() > 0 {
+			return false, err
+		}
+		mine, err := p.markedAtFence(ctx, StatusSucceeded)
+		return !mine, err
+	})
 }
 
 func (p *pgLease) Release(ctx context.Context) error {
@@ -349,8 +362,25 @@ func (p *pgLease) Release(ctx context.Context) error {
 }
 
 // Fail writes the mark and, for a final failure, the dead letter in one
-// transaction.
-func (p *pgLease) Fail(ctx context.Context, status Status, reason string, herr error) (dlID int64, fenced bool, err error) {
+// transaction, retried in place like Succeed.
+func (p *pgLease) Fail(ctx context.Context, status Status, reason string, herr error) (int64, bool, error) {
+	type marked struct {
+		dlID   int64
+		fenced bool
+	}
+	m, err := markRetry(ctx, p.s, "lease mark "+string(status)+" "+p.lease.Identity.String(), func() (marked, error) {
+		dlID, fenced, err := p.fail(ctx, status, reason, herr)
+		if err == nil && fenced {
+			mine, err := p.markedAtFence(ctx, status)
+			return marked{fenced: !mine}, err
+		}
+		return marked{dlID: dlID, fenced: fenced}, err
+	})
+	return m.dlID, m.fenced, err
+}
+
+// fail is one try of Fail.
+func (p *pgLease) fail(ctx context.Context, status Status, reason string, herr error) (dlID int64, fenced bool, err error) {
 	s := p.s
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, s.q.leaseFailSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, string(status),
