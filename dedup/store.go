@@ -114,30 +114,30 @@ func (s *Store) Process(ctx context.Context, msg *Message, h Handler) (Result, e
 // transient handler failure comes back as herr (the caller marks it: it is
 // then the handler's failure) and a transient error outside the handler as
 // err. HandlerCalled is true when any try ran the handler.
-func (s *Store) runAtomic(ctx context.Context, msg *Message, sum []byte, keyID string, h Handler) (Result, error, error) {
+func (s *Store) runAtomic(ctx context.Context, msg *Message, sum []byte, keyID string, h Handler) (res Result, herr, err error) {
 	type try struct {
 		res       Result
 		herr, err error
 	}
 	called := false
-	last, err := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "process "+msg.Identity.String(), IsTransient, func() (try, error) {
-		res, herr, err := s.claimAndRun(ctx, msg, sum, keyID, h)
-		called = called || res.HandlerCalled || herr != nil
-		t := try{res: res, herr: herr, err: err}
-		if IsTransient(herr) {
-			return t, herr
-		}
-		if IsTransient(err) {
-			return t, err
+	last, waitErr := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "process "+msg.Identity.String(), IsTransient, func() (try, error) {
+		var t try
+		t.res, t.herr, t.err = s.claimAndRun(ctx, msg, sum, keyID, h)
+		called = called || t.res.HandlerCalled || t.herr != nil
+		switch {
+		case IsTransient(t.herr):
+			return t, t.herr
+		case IsTransient(t.err):
+			return t, t.err
 		}
 		return t, nil
 	})
-	last.res.HandlerCalled = last.res.HandlerCalled || called
-	if err != nil && !IsTransient(err) {
+	if waitErr != nil && !IsTransient(waitErr) {
 		// ctx ended while waiting to retry: nothing of this delivery is
 		// durable, and it is not the handler's failure.
-		return Result{HandlerCalled: called}, nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+		return Result{HandlerCalled: called}, nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, waitErr)
 	}
+	last.res.HandlerCalled = last.res.HandlerCalled || called
 	return last.res, last.herr, wrapUnknown(last.err)
 }
 

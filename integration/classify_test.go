@@ -57,7 +57,6 @@ type itemHandler struct {
 	tbl   string
 	mu    sync.Mutex
 	calls map[string]int
-	seen  []string // isolation levels seen, when set by the handler
 }
 
 func newItemHandler(tbl string) *itemHandler { return &itemHandler{tbl: tbl, calls: map[string]int{}} }
@@ -240,7 +239,7 @@ func TestOutcomeUnknownAtCommit(t *testing.T) {
 	// terminated at COMMIT is retried in place (OutcomeUnknownRetry) and
 	// recognised by the lease's fence.
 	leaseCharge := func(e *env, tbl string, calls *atomic.Int32) dedup.LeaseHandler {
-		return func(ctx context.Context, m *dedup.Message) error {
+		return func(ctx context.Context, _ *dedup.Message) error {
 			calls.Add(1)
 			l, _ := dedup.LeaseFromContext(ctx)
 			_, err := e.pool.Exec(ctx, `insert into `+tbl+` (k) values ($1) on conflict do nothing`, l.IdempotencyKey())
@@ -730,7 +729,7 @@ func TestCommitReplyLost(t *testing.T) {
 	t.Run("lease failure mark", func(t *testing.T) {
 		t.Parallel()
 		e, proxy, st, _, _ := newEnv(t)
-		res, err := st.ProcessLeased(e.ctx, msg(t, "orders", "m-1", "", "one"), func(ctx context.Context, m *dedup.Message) error {
+		res, err := st.ProcessLeased(e.ctx, msg(t, "orders", "m-1", "", "one"), func(context.Context, *dedup.Message) error {
 			proxy.loseReplyTo("commit\x00")
 			return errors.New("provider said no")
 		}, leaseOpt)
