@@ -35,12 +35,19 @@
 //	S14 clock skew: leases and retention in database time                                   TestS14ClockSkewUsesDatabaseTime
 //	S15 a duplicate input publishes nothing new                                             TestOutboxS15DuplicateInputPublishesNothingNew
 //	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
+//	S19 one bad entry in a batch: a deferred constraint, a 40001 at COMMIT                   TestS19BadEntryNeverBlocksABatch
 //
 // Beside them: many copies at once (TestConcurrentCopiesApplyOnce), real
 // process kills mid-stream (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
 // TestRocketMQTwoProcessesKillMidRun), bad input (TestKafkaBadInput), retries
 // through the real %RETRY% topic, batched mode, the outbox relay under load
-// and broker outages, metrics, tracing and the CLI.
+// and broker outages, metrics, tracing and the CLI. Failure classes: a
+// COMMIT terminated by the server (57P01) in every Postgres mode
+// (TestOutcomeUnknownAtCommit, TestKafkaOutcomeUnknownAtCommitRedelivered), a
+// COMMIT that landed but whose reply a TCP proxy lost (TestCommitReplyLost),
+// serialization failures and deadlocks retried without using an attempt
+// (TestTransientFailureCountsNoAttempt), and the handler's isolation level
+// with a real serializable write skew (TestHandlerIsolationLevel).
 //
 // The Redis-only store (dedup/redisstore) has its own set: 20 copies at once
 // (TestRedisStoreConcurrentCopiesApplyOnce); duplicates and conflicts by
