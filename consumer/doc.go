@@ -19,7 +19,10 @@
 //     used up the record is FAILED_FINAL with a dead letter and the offset
 //     moves on. Completed offsets are committed per lane in batches
 //     ([Config.CommitEvery], [Config.CommitInterval]), only as a contiguous
-//     completed prefix, never backwards, and flushed on shutdown.
+//     completed prefix, never backwards, and flushed on shutdown. A source
+//     whose lanes can be taken away (a Kafka rebalance) implements
+//     [Revocable]: a revoked lane's waiting deliveries are dropped, its
+//     in-place retries stop, and what was completed is committed at once.
 //   - Push (RocketMQ): the adapter calls Handle for each message of a batch
 //     and maps the outcome to ConsumeSuccess / ConsumeRetryLater itself.
 //

@@ -119,8 +119,16 @@ func (c *Consumer) lane(ctx, work context.Context, ch <-chan Delivery, com *comm
 		if ctx.Err() != nil {
 			return
 		}
-		res, err := c.handleInPlace(ctx, work, d)
+		dctx, release, revoked := com.hold(ctx, d)
+		if revoked {
+			continue // its lane was revoked (Revocable): dropped, left to the lane's next owner
+		}
+		res, err := c.handleInPlace(dctx, work, d)
+		release()
 		if err != nil || !res.Outcome.Acked() {
+			if ctx.Err() == nil && com.revoked(d) {
+				continue // revoked while retried in place: left to the lane's next owner
+			}
 			return // ctx ended mid-delivery: this and later deliveries stay uncommitted
 		}
 		com.done(d)
@@ -160,6 +168,10 @@ func (c *Consumer) batchLane(ctx, work context.Context, ch <-chan Delivery, com 
 			}
 			timer.Stop()
 		}
+		if pending = com.live(pending); len(pending) == 0 {
+			b.Reset() // every delivery in hand was revoked (Revocable)
+			continue
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -192,6 +204,8 @@ type committer struct {
 	interval time.Duration
 	log      interface{ Warn(string, ...any) }
 
+	revocation // set when src is Revocable
+
 	mu        sync.Mutex
 	pending   map[string]Delivery // highest completed delivery per lane, not yet committed
 	committed map[string]int64    // highest committed offset per lane
@@ -201,9 +215,11 @@ type committer struct {
 }
 
 func newCommitter(src Source, every int, interval time.Duration, log interface{ Warn(string, ...any) }) *committer {
-	return &committer{src: src, every: every, interval: interval, log: log,
+	c := &committer{src: src, every: every, interval: interval, log: log, revocation: newRevocation(src),
 		pending: map[string]Delivery{}, committed: map[string]int64{},
 		kick: make(chan struct{}, 1), quit: make(chan struct{})}
+	c.watchRevocations()
+	return c
 }
 
 // done records that d, and by lane order everything before it, is complete.
@@ -229,9 +245,11 @@ func (c *committer) loop() {
 	t := time.NewTicker(c.interval)
 	defer t.Stop()
 	for {
+		var reply chan struct{} // a flushNow waiting for this flush
 		select {
 		case <-t.C:
 		case <-c.kick:
+		case reply = <-c.flushReq:
 		case <-c.quit:
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			c.flush(ctx)
@@ -241,6 +259,9 @@ func (c *committer) loop() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		c.flush(ctx)
 		cancel()
+		if reply != nil {
+			close(reply)
+		}
 	}
 }
 

@@ -75,7 +75,8 @@ var ErrOutcomeUnknown = errors.New("idemq: outcome unknown")
 //   - a failed connection attempt (*pgconn.ConnectError), a closed
 //     connection (pgconn.ErrConnClosed, net.ErrClosed), io.EOF,
 //     io.ErrUnexpectedEOF, a net.Error, ECONNRESET, ECONNREFUSED,
-//     ECONNABORTED, EPIPE, or context.Canceled / context.DeadlineExceeded:
+//     ECONNABORTED, EPIPE, an error pgx raised before it sent anything
+//     (pgconn.SafeToRetry), or context.Canceled / context.DeadlineExceeded:
 //     FailureOutcomeUnknown;
 //   - anything else: FailureHandler.
 //
@@ -109,6 +110,7 @@ func Classify(err error) FailureClass {
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.ECONNREFUSED),
 		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
+		pgconn.SafeToRetry(err),
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return FailureOutcomeUnknown
 	}

@@ -57,22 +57,28 @@ type Config struct {
 	// TransientRetry is the in-place retry of a transaction that failed
 	// with a serialization failure (SQLSTATE 40001) or a deadlock (40P01),
 	// wherever it was raised (a handler statement, the claim, a mark, the
-	// COMMIT; in lease mode the completion and failure marks). The whole
+	// COMMIT; in lease mode the claim and the completion, failure and
+	// release marks). The whole
 	// transaction is retried at once, with jittered exponential backoff;
 	// the retries count no attempt and mark nothing. When they are used up
 	// the failure is the handler's (counted, marked); a batch is then rerun
 	// one message per transaction. Default: 3 retries, 10ms doubling to at
 	// most 100ms, ±50% jitter (see RetryPolicy).
 	TransientRetry RetryPolicy
-	// OutcomeUnknownRetry is the in-place retry of a lease-mode completion
-	// or failure mark whose outcome is unknown (the connection was lost or
-	// terminated while it ran): the mark is repeated on a new connection and
-	// recognises its own earlier success by the lease's fence. When the
-	// retries are used up ProcessLeased returns an error wrapping
-	// ErrOutcomeUnknown (not acked). Atomic and batched modes do not retry an
-	// unknown COMMIT in the store (the handler's transaction is gone): they
-	// return ErrOutcomeUnknown and the runtime redelivers. Default: 3
-	// retries, 100ms doubling to at most 1s, ±50% jitter.
+	// OutcomeUnknownRetry is the in-place retry of a lease-mode call on
+	// Postgres (the claim; the completion, failure or release mark) whose
+	// outcome is unknown (the connection was lost or terminated before its
+	// answer came, see Classify): the call is repeated on a new connection
+	// with the same owner token and fence, and recognises its own earlier
+	// run (a claim finds its committed claim by owner token and runs under
+	// it; a mark finds the record already in its status under its token and
+	// fence, and a final failure the dead letter it wrote). When the retries
+	// are used up ProcessLeased returns an error wrapping ErrOutcomeUnknown
+	// (not acked), and a claim or lease that committed unseen expires after
+	// its TTL. Atomic and batched modes do not retry an unknown COMMIT in the
+	// store (the handler's transaction is gone): they return
+	// ErrOutcomeUnknown and the runtime redelivers. Default: 3 retries,
+	// 100ms doubling to at most 1s, ±50% jitter.
 	OutcomeUnknownRetry RetryPolicy
 }
 

@@ -73,6 +73,19 @@
 // [ErrFenced] ([OutcomeFenced], not acked). Handlers pass
 // [Lease.IdempotencyKey] (and the fence) downstream.
 //
+// pgx never resends a statement, so the store retries a lease-mode claim
+// or mark in place itself when its outcome is unknown ([Classify]: the
+// connection failed before its answer came), as Config.OutcomeUnknownRetry
+// says (3 retries, 100 ms doubling to 1 s by default), and each one is safe
+// to run twice: a claim looks for its own owner token before claiming again
+// (a claim that committed is this caller's lease), and a mark that finds the
+// record already in the status it writes, under its own owner token and
+// fence, answers done, not fenced (the token and fence stay on the row
+// after the lease ends). Without this a lost answer would leave a lease that
+// blocks the next copy until it expires, and the takeover would count a
+// second attempt (with MaxAttempts 1, a dead letter for a message whose
+// handler never ran).
+//
 // # States
 //
 //	(none) ──claim──▶ PROCESSING ──handler ok──▶ SUCCEEDED

@@ -159,8 +159,10 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler,
 // LeaseMarks is the storage side of one claimed lease-mode execution, what
 // RunLease calls to keep the lease and to record the outcome. Every call is
 // a compare-and-set on the lease's owner token and fence: fenced (or held
-// false) means another owner holds the record now. Store implements it on
-// Postgres; dedup/redisstore on Redis.
+// false) means another owner holds the record now. A call may reach the
+// store twice (a client resends it when its answer was lost): a second run
+// with the same owner token and fence must answer as the first did. Store
+// implements it on Postgres; dedup/redisstore on Redis.
 type LeaseMarks interface {
 	// Renew extends the lease by its TTL; held is false when another owner
 	// holds the record.
@@ -172,7 +174,8 @@ type LeaseMarks interface {
 	// error, and returns the dead letter's ID (0 when none).
 	Fail(ctx context.Context, status Status, reason string, herr error) (deadLetterID int64, fenced bool, err error)
 	// Release gives the lease back without counting the attempt (the
-	// handler was interrupted by a shutdown).
+	// handler was interrupted by a shutdown); ErrFenced when another owner
+	// holds the record.
 	Release(ctx context.Context) error
 }
 
@@ -342,60 +345,72 @@ func (p *pgLease) Renew(ctx context.Context) (bool, error) {
 	return err == nil && tag.RowsAffected() > 0, err
 }
 
-// Succeed is retried in place (markRetry) when its outcome is unknown or
-// it is transient; a retry that finds the record already SUCCEEDED at this
-// lease's fence knows that an earlier try committed.
-func (p *pgLease) Succeed(ctx context.Context) (bool, error) {
+// The marks are retried in place while their outcome is unknown or they
+// are transient (markRetry), and recognise their own earlier run (see
+// lease_unknown.go).
+
+func (p *pgLease) Succeed(ctx context.Context) (fenced bool, err error) {
 	return markRetry(ctx, p.s, "lease complete "+p.lease.Identity.String(), func() (bool, error) {
-		tag, err := p.s.pool.Exec(ctx, p.s.q.leaseDoneSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, *p.s.expiry(StatusSucceeded))
-		if err != nil || tag.RowsAffected() > 0 {
-			return false, err
-		}
-		mine, err := p.markedAtFence(ctx, StatusSucceeded)
-		return !mine, err
+		var marked, before bool
+		err := p.s.pool.QueryRow(ctx, p.s.q.leaseDoneSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, *p.s.expiry(StatusSucceeded)).
+			Scan(&marked, &before)
+		return !marked && !before, err
 	})
 }
 
+// Release returns ErrFenced when the record is not this owner's any more.
 func (p *pgLease) Release(ctx context.Context) error {
-	_, err := p.s.pool.Exec(ctx, p.s.q.leaseReleaseSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence)
+	fenced, err := markRetry(ctx, p.s, "lease release "+p.lease.Identity.String(), func() (bool, error) {
+		var marked, before bool
+		err := p.s.pool.QueryRow(ctx, p.s.q.leaseReleaseSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence).Scan(&marked, &before)
+		return !marked && !before, err
+	})
+	if err == nil && fenced {
+		return ErrFenced
+	}
 	return err
 }
 
 // Fail writes the mark and, for a final failure, the dead letter in one
-// transaction, retried in place like Succeed.
-func (p *pgLease) Fail(ctx context.Context, status Status, reason string, herr error) (int64, bool, error) {
+// transaction.
+func (p *pgLease) Fail(ctx context.Context, status Status, reason string, herr error) (deadLetterID int64, fenced bool, err error) {
 	type marked struct {
 		dlID   int64
 		fenced bool
 	}
 	m, err := markRetry(ctx, p.s, "lease mark "+string(status)+" "+p.lease.Identity.String(), func() (marked, error) {
-		dlID, fenced, err := p.fail(ctx, status, reason, herr)
-		if err == nil && fenced {
-			mine, err := p.markedAtFence(ctx, status)
-			return marked{fenced: !mine}, err
+		var m marked
+		err := pgx.BeginFunc(ctx, p.s.pool, func(tx pgx.Tx) (err error) {
+			m.dlID, m.fenced, err = p.fail(ctx, tx, status, reason, herr)
+			return err
+		})
+		if err != nil {
+			return marked{}, err
 		}
-		return marked{dlID: dlID, fenced: fenced}, err
+		return m, nil
 	})
 	return m.dlID, m.fenced, err
 }
 
-// fail is one try of Fail.
-func (p *pgLease) fail(ctx context.Context, status Status, reason string, herr error) (dlID int64, fenced bool, err error) {
+// fail is one run of Fail's mark in tx. A run that finds the mark already
+// made by an earlier run of its own (its answer lost) answers with the dead
+// letter that run wrote.
+func (p *pgLease) fail(ctx context.Context, tx pgx.Tx, status Status, reason string, herr error) (dlID int64, fenced bool, err error) {
 	s := p.s
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, s.q.leaseFailSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, string(status),
-			clip(herr.Error(), s.cfg.MaxErrorBytes), ErrorClass(herr), s.expiry(status))
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			fenced = true
-			return nil
-		}
-		if status == StatusFailedFinal {
-			dlID, err = s.q.insertDeadLetter(ctx, tx, p.msg, p.sum, reason, herr, p.lease.Attempt, s.cfg.MaxErrorBytes)
-		}
-		return err
-	})
-	return dlID, fenced, err
+	var marked, before bool
+	if err := tx.QueryRow(ctx, s.q.leaseFailSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, string(status),
+		clip(herr.Error(), s.cfg.MaxErrorBytes), ErrorClass(herr), s.expiry(status)).Scan(&marked, &before); err != nil {
+		return 0, false, err
+	}
+	switch {
+	case !marked && !before:
+		return 0, true, nil
+	case status != StatusFailedFinal: // no dead letter
+		return 0, false, nil
+	case marked:
+		dlID, err = s.q.insertDeadLetter(ctx, tx, p.msg, p.sum, reason, herr, p.lease.Attempt, s.cfg.MaxErrorBytes)
+	default: // an earlier run of this mark committed: the dead letter it wrote
+		dlID, err = s.q.liveDeadLetterID(ctx, tx, p.msg, p.sum, reason)
+	}
+	return dlID, false, err
 }

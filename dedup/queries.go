@@ -98,20 +98,30 @@ returning attempts, fence`
 	q.leaseBeatSQL = `update ` + q.records + `
 set lease_until = now() + make_interval(secs => $4::float8), updated_at = now()
 where id = $1 and owner_token = $2 and fence = $3 and status = 'PROCESSING'`
-	q.leaseDoneSQL = `update ` + q.records + `
-set status = 'SUCCEEDED', owner_token = null, lease_until = null, updated_at = now(),
-    expires_at = now() + make_interval(secs => $4::float8)
-where id = $1 and owner_token = $2 and fence = $3 and status = 'PROCESSING'`
+	// The marks that end a lease (done, release, fail) return two booleans:
+	// this statement made the mark, and an earlier run of the same mark (same
+	// owner token and fence, the status it writes) had already made it. The
+	// owner token and fence stay on the row after the lease ends, so a mark
+	// retried after its answer was lost recognises its own first run (see
+	// lease_unknown.go). The second EXISTS reads the row as it was before
+	// this statement.
+	mark := func(set, status string) string {
+		return `with m as (
+  update ` + q.records + `
+  set ` + set + `
+  where id = $1 and owner_token = $2 and fence = $3 and status = 'PROCESSING'
+  returning 1)
+select exists (select 1 from m),
+       exists (select 1 from ` + q.records + ` where id = $1 and owner_token = $2 and fence = $3 and status = ` + status + `)`
+	}
+	q.leaseDoneSQL = mark(`status = 'SUCCEEDED', lease_until = null, updated_at = now(),
+      expires_at = now() + make_interval(secs => $4::float8)`, `'SUCCEEDED'`)
 	// Release gives a lease back after a shutdown interrupted its handler:
 	// the attempt is not counted, the next copy runs the handler.
-	q.leaseReleaseSQL = `update ` + q.records + `
-set status = 'FAILED_RETRYABLE', attempts = greatest(attempts - 1, 0), owner_token = null, lease_until = null,
-    updated_at = now()
-where id = $1 and owner_token = $2 and fence = $3 and status = 'PROCESSING'`
-	q.leaseFailSQL = `update ` + q.records + `
-set status = $4, last_error = $5, last_error_class = $6, owner_token = null, lease_until = null, updated_at = now(),
-    expires_at = now() + make_interval(secs => $7::float8)
-where id = $1 and owner_token = $2 and fence = $3 and status = 'PROCESSING'`
+	q.leaseReleaseSQL = mark(`status = 'FAILED_RETRYABLE', attempts = greatest(attempts - 1, 0), lease_until = null,
+      updated_at = now()`, `'FAILED_RETRYABLE'`)
+	q.leaseFailSQL = mark(`status = $4, last_error = $5, last_error_class = $6, lease_until = null, updated_at = now(),
+      expires_at = now() + make_interval(secs => $7::float8)`, `$4`)
 }
 
 // lockLease is lock plus whether the record's lease is live in database time.

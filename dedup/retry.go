@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -68,12 +69,14 @@ func (p RetryPolicy) tries() uint { return uint(1 + max(p.Attempts, 0)) }
 
 // retryWhile runs op until it returns an error for which retry is false (nil
 // included), at most p.tries() times, waiting p's backoff in between. It
-// returns op's last result and error, or ctx's error when ctx ends while
-// waiting (the last result is still returned).
+// returns op's last result and error; when ctx ends before a retry, op's
+// last error joined with ctx's cause (the last result is still returned).
 func retryWhile[T any](ctx context.Context, p RetryPolicy, log *slog.Logger, what string, retry func(error) bool, op func() (T, error)) (T, error) {
 	b := &backoff.ExponentialBackOff{InitialInterval: p.Initial, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: p.Max}
-	return backoff.Retry(ctx, func() (T, error) {
+	var last error
+	res, err := backoff.Retry(ctx, func() (T, error) {
 		res, err := op()
+		last = err
 		if err != nil && !retry(err) {
 			return res, backoff.Permanent(err)
 		}
@@ -82,6 +85,12 @@ func retryWhile[T any](ctx context.Context, p RetryPolicy, log *slog.Logger, wha
 		backoff.WithNotify(func(err error, d time.Duration) {
 			log.Debug("idemq: retrying in place", "what", what, "class", Classify(err), "after", d, "err", err)
 		}))
+	if err != nil && last != nil && !errors.Is(last, err) {
+		// backoff answers with ctx's cause alone when ctx ended between
+		// tries: keep what the last try said.
+		err = errors.Join(last, err)
+	}
+	return res, err
 }
 
 // validateTxOptions refuses handler transaction options the store cannot

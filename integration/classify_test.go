@@ -160,8 +160,9 @@ func TestS19BadEntryNeverBlocksABatch(t *testing.T) {
 // dead-lettered, not marked, not counted; the store returns an error
 // wrapping ErrOutcomeUnknown (the runtime does not ack it) with HandlerCalled
 // set; the next delivery processes it, and it is applied exactly once. In
-// every Postgres mode: atomic, batched, lease (its claim and its
-// completion).
+// every Postgres mode: atomic and batched return it; lease mode retries its
+// claim and its completion in place (OutcomeUnknownRetry) and returns it
+// when the retries are used up.
 func TestOutcomeUnknownAtCommit(t *testing.T) {
 	t.Parallel()
 	newEnv := func(t *testing.T) (*env, string, *itemHandler) {
@@ -237,7 +238,7 @@ func TestOutcomeUnknownAtCommit(t *testing.T) {
 
 	// Lease mode commits its claim, then its completion. A completion
 	// terminated at COMMIT is retried in place (OutcomeUnknownRetry) and
-	// recognised by the lease's fence.
+	// recognises its own earlier run by owner token and fence.
 	leaseCharge := func(e *env, tbl string, calls *atomic.Int32) dedup.LeaseHandler {
 		return func(ctx context.Context, _ *dedup.Message) error {
 			calls.Add(1)
@@ -293,22 +294,26 @@ func TestOutcomeUnknownAtCommit(t *testing.T) {
 		}
 	})
 
+	// A claim terminated at COMMIT did not commit: it is retried in place
+	// (OutcomeUnknownRetry), finds no claim of its own, claims anew, and the
+	// handler runs at attempt 1.
 	t.Run("lease claim", func(t *testing.T) {
 		t.Parallel()
 		e, tbl, _ := newEnv(t)
 		e.atCommit(e.table("consumption_records"), "kill_claim", "insert", `new.message_id = 'm-victim'`, killOwnBackend, 1)
 		var calls atomic.Int32
 		res, err := e.store.ProcessLeased(e.ctx, msg(t, "orders", "m-victim", "", "victim"), leaseCharge(e, tbl, &calls), opt)
-		if !errors.Is(err, dedup.ErrOutcomeUnknown) || res.HandlerCalled || calls.Load() != 0 {
-			t.Fatalf("claim: %+v, %v, %d calls; want ErrOutcomeUnknown before the handler", res, err, calls.Load())
-		}
-		noTrace(t, e, "orders", "m-victim")
-		res, err = e.store.ProcessLeased(e.ctx, msg(t, "orders", "m-victim", "", "victim"), leaseCharge(e, tbl, &calls), opt)
 		if err != nil || res.Outcome != dedup.OutcomeProcessed || res.Attempts != 1 || calls.Load() != 1 {
-			t.Fatalf("next delivery: %+v, %v, %d calls", res, err, calls.Load())
+			t.Fatalf("%+v, %v, %d calls; want processed at attempt 1 after the claim was retried", res, err, calls.Load())
 		}
-		if n := e.count(`select count(*) from ` + tbl); n != 1 {
-			t.Fatalf("rows = %d", n)
+		if n := e.count(`select last_value from ` + e.table("kill_claim_seq")); n != 2 {
+			t.Fatalf("the claim's insert reached COMMIT %d times in the trigger's count, want 2 (terminated once, then retried)", n)
+		}
+		if rec := e.record("orders", "m-victim"); rec.Status != dedup.StatusSucceeded || rec.Attempts != 1 || rec.Fence != 1 {
+			t.Fatalf("record = %+v, want SUCCEEDED at attempt 1, fence 1", rec)
+		}
+		if n := e.count(`select count(*) from ` + tbl); n != 1 || len(e.deadLetters("orders")) != 0 {
+			t.Fatalf("rows = %d, want 1 and no dead letter", n)
 		}
 	})
 }
@@ -347,7 +352,7 @@ func TestKafkaOutcomeUnknownAtCommitRedelivered(t *testing.T) {
 					return err
 				}
 				// The completion's COMMIT is terminated once: it is retried in
-				// place and recognised by the lease's fence.
+				// place and recognises its own earlier run.
 				e.atCommit(e.table("consumption_records"), "kill_done", "update",
 					`new.message_id = 'm-2' and new.status = 'SUCCEEDED'`, killOwnBackend, 1)
 			}
@@ -609,44 +614,51 @@ func TestHandlerIsolationLevel(t *testing.T) {
 	})
 }
 
-// A COMMIT that committed but whose reply was lost (a proxy drops it) is
-// an outcome unknown too: not counted, not acked; the next copy finds the
-// truth. Atomic and batched: the next copy is a duplicate, applied once.
-// Lease mode: a claim whose reply was lost is given back without counting
-// (the next copy runs the handler at attempt 1 instead of waiting for the
-// lease to expire), and a completion or failure mark whose reply was lost
-// is retried and recognises its own earlier commit by the fence (not
-// reported as fenced).
+// A COMMIT that committed but whose reply was lost (a faultProxy drops it)
+// is an outcome unknown too: not counted, not acked; the next copy finds
+// the truth. Atomic and batched: the next copy is a duplicate, applied once.
+// Lease mode retries the call in place (OutcomeUnknownRetry): a claim whose
+// reply was lost finds its own committed claim by owner token and runs the
+// handler at attempt 1 (with MaxAttempts 1, no dead letter), and a
+// completion or failure mark whose reply was lost recognises its own
+// earlier commit by owner token and fence (not reported as fenced). With no
+// retry allowed, the claim's unknown outcome is returned as such.
+// TestLeaseCallAnswersLost covers every lease call one by one.
 func TestCommitReplyLost(t *testing.T) {
 	t.Parallel()
-	newEnv := func(t *testing.T) (*env, *pgProxy, *dedup.Store, string, *itemHandler) {
+	newEnv := func(t *testing.T, tweak func(*dedup.Config)) (*env, *faultProxy, *dedup.Store, string, *itemHandler) {
 		e := setup(t, nil)
 		tbl := e.table("items")
 		e.exec(`create table ` + tbl + ` (k text primary key)`)
 		proxy, pool := newPGProxy(t, 4)
-		st, err := dedup.NewStore(pool, dedup.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t), MaxAttempts: 1})
+		cfg := dedup.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t), MaxAttempts: 1}
+		if tweak != nil {
+			tweak(&cfg)
+		}
+		st, err := dedup.NewStore(pool, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return e, proxy, st, tbl, newItemHandler(tbl)
 	}
-	// lose arms the proxy from inside the handler, for the request after it.
-	lose := func(p *pgProxy, pattern string, h dedup.Handler) dedup.Handler {
+	// lose arms the proxy from inside the handler, for the next request
+	// that match accepts.
+	lose := func(p *faultProxy, match func([]byte) bool, h dedup.Handler) dedup.Handler {
 		return func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 			if err := h(ctx, tx, m); err != nil {
 				return err
 			}
-			p.loseReplyTo(pattern)
+			p.DropReplyOnce(match)
 			return nil
 		}
 	}
 
 	t.Run("atomic", func(t *testing.T) {
 		t.Parallel()
-		e, proxy, st, tbl, h := newEnv(t)
-		res, err := st.Process(e.ctx, msg(t, "orders", "m-1", "", "one"), lose(proxy, "commit\x00", h.handle))
-		if !errors.Is(err, dedup.ErrOutcomeUnknown) || !res.HandlerCalled || proxy.fired.Load() != 1 {
-			t.Fatalf("%+v, %v (proxy fired %d); want ErrOutcomeUnknown with HandlerCalled", res, err, proxy.fired.Load())
+		e, proxy, st, tbl, h := newEnv(t, nil)
+		res, err := st.Process(e.ctx, msg(t, "orders", "m-1", "", "one"), lose(proxy, pgIsCommit, h.handle))
+		if !errors.Is(err, dedup.ErrOutcomeUnknown) || !res.HandlerCalled || proxy.Dropped() != 1 {
+			t.Fatalf("%+v, %v (proxy dropped %d); want ErrOutcomeUnknown with HandlerCalled", res, err, proxy.Dropped())
 		}
 		res, err = st.Process(e.ctx, msg(t, "orders", "m-1", "", "one"), h.handle)
 		if err != nil || res.Outcome != dedup.OutcomeDuplicate || res.HandlerCalled {
@@ -659,13 +671,13 @@ func TestCommitReplyLost(t *testing.T) {
 
 	t.Run("batched", func(t *testing.T) {
 		t.Parallel()
-		e, proxy, st, tbl, h := newEnv(t)
+		e, proxy, st, tbl, h := newEnv(t, nil)
 		batch := func() []*dedup.Message {
 			return []*dedup.Message{msg(t, "orders", "m-1", "", "one"), msg(t, "orders", "m-2", "", "two")}
 		}
 		handler := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 			if m.Identity.MessageID == "m-2" {
-				return lose(proxy, "commit\x00", h.handle)(ctx, tx, m)
+				return lose(proxy, pgIsCommit, h.handle)(ctx, tx, m)
 			}
 			return h.handle(ctx, tx, m)
 		}
@@ -683,43 +695,81 @@ func TestCommitReplyLost(t *testing.T) {
 	})
 
 	leaseOpt := dedup.LeaseOptions{TTL: 30 * time.Second, Heartbeat: -1}
-
-	t.Run("lease claim", func(t *testing.T) {
-		t.Parallel()
-		e, proxy, st, tbl, _ := newEnv(t)
-		var calls atomic.Int32
-		handler := func(ctx context.Context, m *dedup.Message) error {
+	leaseInsert := func(e *env, tbl string, calls *atomic.Int32) dedup.LeaseHandler {
+		return func(ctx context.Context, m *dedup.Message) error {
 			calls.Add(1)
 			_, err := e.pool.Exec(ctx, `insert into `+tbl+` (k) values ($1)`, string(m.Payload))
 			return err
 		}
-		proxy.loseReplyTo("commit\x00")
-		res, err := st.ProcessLeased(e.ctx, msg(t, "orders", "m-1", "", "one"), handler, leaseOpt)
-		if !errors.Is(err, dedup.ErrOutcomeUnknown) || res.HandlerCalled || calls.Load() != 0 || proxy.fired.Load() != 1 {
+	}
+
+	t.Run("lease claim", func(t *testing.T) {
+		t.Parallel()
+		e, proxy, st, tbl, _ := newEnv(t, nil)
+		var calls atomic.Int32
+		proxy.DropReplyOnce(pgCommitAfter(pgLeaseClaim))
+		res, err := st.ProcessLeased(e.ctx, msg(t, "orders", "m-1", "", "one"), leaseInsert(e, tbl, &calls), leaseOpt)
+		if err != nil || res.Outcome != dedup.OutcomeProcessed || res.Attempts != 1 || calls.Load() != 1 || proxy.Dropped() != 1 {
+			t.Fatalf("%+v, %v, %d calls (proxy dropped %d); want processed at attempt 1: the retried claim finds its own",
+				res, err, calls.Load(), proxy.Dropped())
+		}
+		if rec := e.record("orders", "m-1"); rec.Status != dedup.StatusSucceeded || rec.Attempts != 1 || rec.Fence != 1 {
+			t.Fatalf("record = %+v, want SUCCEEDED at attempt 1, fence 1 (one claim)", rec)
+		}
+		if n := e.count(`select count(*) from ` + tbl); n != 1 || len(e.deadLetters("orders")) != 0 {
+			t.Fatalf("rows %d; want 1, no dead letter", n)
+		}
+	})
+
+	// The retries may outlast the TTL: the claim found then is extended as a
+	// new claim would be, so the handler never starts under an expired
+	// lease that another copy could take over.
+	t.Run("lease claim found after its TTL", func(t *testing.T) {
+		t.Parallel()
+		e, proxy, st, tbl, _ := newEnv(t, func(c *dedup.Config) {
+			c.OutcomeUnknownRetry = dedup.RetryPolicy{Attempts: 1, Initial: 3 * time.Second} // waits 1.5s to 4.5s
+		})
+		var calls atomic.Int32
+		var live atomic.Bool
+		proxy.DropReplyOnce(pgCommitAfter(pgLeaseClaim))
+		res, err := st.ProcessLeased(e.ctx, msg(t, "orders", "m-1", "", "one"), func(ctx context.Context, m *dedup.Message) error {
+			live.Store(e.count(`select count(*) from `+e.table("consumption_records")+
+				` where message_id = 'm-1' and status = 'PROCESSING' and lease_until > now()`) == 1)
+			return leaseInsert(e, tbl, &calls)(ctx, m)
+		}, dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1})
+		if err != nil || res.Outcome != dedup.OutcomeProcessed || res.Attempts != 1 || calls.Load() != 1 {
+			t.Fatalf("%+v, %v, %d calls; want processed at attempt 1", res, err, calls.Load())
+		}
+		if !live.Load() {
+			t.Fatal("the handler ran under an expired lease: the claim found by its owner token was not extended")
+		}
+	})
+
+	t.Run("lease claim without retries", func(t *testing.T) {
+		t.Parallel()
+		e, proxy, st, tbl, _ := newEnv(t, func(c *dedup.Config) { c.OutcomeUnknownRetry = dedup.RetryPolicy{Attempts: -1} })
+		var calls atomic.Int32
+		proxy.DropReplyOnce(pgCommitAfter(pgLeaseClaim))
+		res, err := st.ProcessLeased(e.ctx, msg(t, "orders", "m-1", "", "one"), leaseInsert(e, tbl, &calls), leaseOpt)
+		if !errors.Is(err, dedup.ErrOutcomeUnknown) || res.HandlerCalled || calls.Load() != 0 || proxy.Dropped() != 1 {
 			t.Fatalf("%+v, %v, %d calls; want ErrOutcomeUnknown before the handler", res, err, calls.Load())
 		}
-		// The claim had committed; it was given back, its attempt not counted.
-		if rec := e.record("orders", "m-1"); rec.Status != dedup.StatusFailedRetryable || rec.Attempts != 0 {
-			t.Fatalf("record after the lost claim reply = %+v, want FAILED_RETRYABLE attempts 0", rec)
-		}
-		res, err = st.ProcessLeased(e.ctx, msg(t, "orders", "m-1", "", "one"), handler, leaseOpt)
-		if err != nil || res.Outcome != dedup.OutcomeProcessed || res.Attempts != 1 || calls.Load() != 1 {
-			t.Fatalf("next copy: %+v, %v, %d calls; want processed at attempt 1 at once", res, err, calls.Load())
+		// The claim had committed unseen: its lease stands until its TTL.
+		if rec := e.record("orders", "m-1"); rec.Status != dedup.StatusProcessing || rec.Attempts != 1 {
+			t.Fatalf("record after the lost claim reply = %+v, want PROCESSING attempts 1", rec)
 		}
 	})
 
 	t.Run("lease completion", func(t *testing.T) {
 		t.Parallel()
-		e, proxy, st, tbl, _ := newEnv(t)
+		e, proxy, st, tbl, _ := newEnv(t, nil)
 		var calls atomic.Int32
 		res, err := st.ProcessLeased(e.ctx, msg(t, "orders", "m-1", "", "one"), func(ctx context.Context, m *dedup.Message) error {
-			calls.Add(1)
-			_, err := e.pool.Exec(ctx, `insert into `+tbl+` (k) values ($1)`, string(m.Payload))
-			proxy.loseReplyTo("'SUCCEEDED'")
-			return err
+			proxy.DropReplyOnce(pgExecOf(pgLeaseDone))
+			return leaseInsert(e, tbl, &calls)(ctx, m)
 		}, leaseOpt)
-		if err != nil || res.Outcome != dedup.OutcomeProcessed || res.Attempts != 1 || proxy.fired.Load() != 1 {
-			t.Fatalf("%+v, %v (proxy fired %d); want processed: the retried completion finds its own commit", res, err, proxy.fired.Load())
+		if err != nil || res.Outcome != dedup.OutcomeProcessed || res.Attempts != 1 || proxy.Dropped() != 1 {
+			t.Fatalf("%+v, %v (proxy dropped %d); want processed: the retried completion finds its own commit", res, err, proxy.Dropped())
 		}
 		if rec := e.record("orders", "m-1"); rec.Status != dedup.StatusSucceeded || rec.Attempts != 1 || calls.Load() != 1 {
 			t.Fatalf("record = %+v, %d calls", rec, calls.Load())
@@ -728,16 +778,17 @@ func TestCommitReplyLost(t *testing.T) {
 
 	t.Run("lease failure mark", func(t *testing.T) {
 		t.Parallel()
-		e, proxy, st, _, _ := newEnv(t)
+		e, proxy, st, _, _ := newEnv(t, nil)
 		res, err := st.ProcessLeased(e.ctx, msg(t, "orders", "m-1", "", "one"), func(context.Context, *dedup.Message) error {
-			proxy.loseReplyTo("commit\x00")
+			proxy.DropReplyOnce(pgCommitAfter(pgLeaseFail))
 			return errors.New("provider said no")
 		}, leaseOpt)
-		if err != nil || res.Outcome != dedup.OutcomeDeadLetter || res.Attempts != 1 || proxy.fired.Load() != 1 {
-			t.Fatalf("%+v, %v (proxy fired %d); want a dead letter: the retried mark finds its own commit", res, err, proxy.fired.Load())
+		if err != nil || res.Outcome != dedup.OutcomeDeadLetter || res.Attempts != 1 || proxy.Dropped() != 1 {
+			t.Fatalf("%+v, %v (proxy dropped %d); want a dead letter: the retried mark finds its own commit", res, err, proxy.Dropped())
 		}
-		if dls := e.deadLetters("orders"); len(dls) != 1 {
-			t.Fatalf("dead letters = %d, want 1", len(dls))
+		dls := e.deadLetters("orders")
+		if len(dls) != 1 || dls[0].Reason != dedup.ReasonAttemptsExhausted || res.DeadLetterID != dls[0].ID {
+			t.Fatalf("dead letters = %+v, result's ID %d; want one (attempts used up), with that ID", dls, res.DeadLetterID)
 		}
 	})
 }

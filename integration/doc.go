@@ -35,17 +35,21 @@
 //	S14 clock skew: leases and retention in database time                                   TestS14ClockSkewUsesDatabaseTime
 //	S15 a duplicate input publishes nothing new                                             TestOutboxS15DuplicateInputPublishesNothingNew
 //	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
+//	S18 a reply lost and the call retried: every Redis script; Postgres lease claim and marks  TestS18RedisClaimReplyLost, TestRedisScriptRepliesLost, TestLeaseCallAnswersLost
 //	S19 one bad entry in a batch: a deferred constraint, a 40001 at COMMIT                   TestS19BadEntryNeverBlocksABatch
 //
 // Beside them: many copies at once (TestConcurrentCopiesApplyOnce), real
 // process kills mid-stream (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
-// TestRocketMQTwoProcessesKillMidRun), bad input (TestKafkaBadInput), retries
-// through the real %RETRY% topic, batched mode, the outbox relay under load
-// and broker outages, metrics, tracing and the CLI. Failure classes: a
-// COMMIT terminated by the server (57P01) in every Postgres mode
-// (TestOutcomeUnknownAtCommit, TestKafkaOutcomeUnknownAtCommitRedelivered), a
-// COMMIT that landed but whose reply a TCP proxy lost (TestCommitReplyLost),
-// serialization failures and deadlocks retried without using an attempt
+// TestRocketMQTwoProcessesKillMidRun), generation-fenced Kafka commits: a
+// rebalance while a consumer holds fetched deliveries never moves a group
+// offset back, in every mode (TestKafkaGenerationFencedCommits), bad input
+// (TestKafkaBadInput), retries through the real %RETRY% topic, batched mode,
+// the outbox relay under load and broker outages, metrics, tracing and the
+// CLI. Failure classes: a COMMIT terminated by the server (57P01) in every
+// Postgres mode (TestOutcomeUnknownAtCommit,
+// TestKafkaOutcomeUnknownAtCommitRedelivered), a COMMIT that landed but whose
+// reply a TCP proxy lost (TestCommitReplyLost), serialization failures and
+// deadlocks retried without using an attempt
 // (TestTransientFailureCountsNoAttempt), and the handler's isolation level
 // with a real serializable write skew (TestHandlerIsolationLevel).
 //
@@ -58,5 +62,8 @@
 // lease, bounded by MaxAttempts; shutdown and Redis down; a Kafka consumer
 // with a full replay (TestRedisStoreKafkaConsumerAppliesOnce); and every
 // script path on a Redis Cluster node started by the test, which refuses
-// keys of different slots (TestRedisStoreOnRedisCluster).
+// keys of different slots (TestRedisStoreOnRedisCluster). A TCP proxy
+// written for the tests (faultProxy) loses one reply of a real Redis or
+// Postgres and closes the connection, for S18 and for the fast path's
+// Remember (TestRedisFastPathRememberReplyLost).
 package integration

@@ -119,8 +119,9 @@ func (s *spySource) Fetch(ctx context.Context) (consumer.Delivery, error) {
 			continue
 		}
 		if err == nil {
+			m, _ := kafkaadapter.MessageOf(d)
 			s.mu.Lock()
-			s.fetched = append(s.fetched, d.Ack.(kafka.Message))
+			s.fetched = append(s.fetched, m)
 			s.mu.Unlock()
 		}
 		return d, err

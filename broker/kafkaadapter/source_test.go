@@ -38,6 +38,11 @@ func TestNewSourceValidates(t *testing.T) {
 		{Brokers: base.Brokers, Topic: "t"},
 		{Brokers: base.Brokers, GroupID: "g"},
 		{Brokers: base.Brokers, GroupID: "g", Topic: "t", CommitInterval: time.Second},
+		{Brokers: base.Brokers, GroupID: "g", Topic: "t", ReadBackoffMin: 2 * time.Second},           // above the 1s default max
+		{Brokers: base.Brokers, GroupID: "g", Topic: "t", StartOffset: 42},                           // FirstOffset or LastOffset only
+		{Brokers: base.Brokers, GroupID: "g", Topic: "t", SessionTimeout: -time.Second},              // the consumer group's own check
+		{Brokers: base.Brokers, GroupID: "g", Topic: "t", HeartbeatInterval: -time.Second},           // idem
+		{Brokers: base.Brokers, GroupID: "g", GroupTopics: []string{"a"}, MinBytes: 10, MaxBytes: 5}, // the reader's own check
 	}
 	for i, rc := range bad {
 		if _, err := NewSource(Config{Reader: rc}); !errors.Is(err, ErrInvalidConfig) {
@@ -50,20 +55,30 @@ func TestNewSourceValidates(t *testing.T) {
 }
 
 // scriptedFetch returns the errors in order, then m; it counts its calls.
-func scriptedFetch(m kafka.Message, errs ...error) (func(context.Context) (kafka.Message, error), *int) {
+func scriptedFetch(m kafka.Message, errs ...error) (func(context.Context) (kafka.Message, *claim, error), *int) {
 	calls := 0
-	return func(context.Context) (kafka.Message, error) {
+	return func(context.Context) (kafka.Message, *claim, error) {
 		calls++
 		if calls <= len(errs) {
-			return kafka.Message{}, errs[calls-1]
+			return kafka.Message{}, nil, errs[calls-1]
 		}
-		return m, nil
+		return m, nil, nil
 	}, &calls
 }
 
-func testSource(fetch func(context.Context) (kafka.Message, error)) *Source {
-	return &Source{fetch: fetch, hdr: DefaultMessageIDHeader, retryMax: 5 * time.Millisecond,
-		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+// testSource is a Source that never joins a group: fetch stands in for the
+// partition readers.
+func testSource(fetch func(context.Context) (kafka.Message, *claim, error)) *Source {
+	s, err := NewSource(Config{Reader: kafka.ReaderConfig{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topic: "t"},
+		FetchRetryMax: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		panic(err)
+	}
+	s.started = true
+	if fetch != nil {
+		s.fetch = fetch
+	}
+	return s
 }
 
 // kafka-go reports errors through FetchMessage and keeps fetching, so a
@@ -82,7 +97,8 @@ func TestFetchRetriesTransientErrors(t *testing.T) {
 }
 
 func TestFetchReturnsFinalErrors(t *testing.T) {
-	for _, final := range []error{io.EOF, kafka.TopicAuthorizationFailed, fmt.Errorf("wrapped: %w", kafka.GroupAuthorizationFailed), errors.New("not a kafka or network error")} {
+	for _, final := range []error{io.EOF, kafka.TopicAuthorizationFailed, fmt.Errorf("wrapped: %w", kafka.GroupAuthorizationFailed),
+		kafka.InvalidSessionTimeout, errors.New("not a kafka or network error")} {
 		fetch, calls := scriptedFetch(kafka.Message{}, final)
 		if _, err := testSource(fetch).Fetch(context.Background()); !errors.Is(err, final) && err != final {
 			t.Errorf("Fetch after %v = %v, want that error", final, err)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/idemq/idemq/dedup"
 	"github.com/redis/go-redis/v9"
 )
@@ -73,7 +74,9 @@ func (s *Store) lookup(ctx context.Context, scope, messageID string) (dedup.Reco
 // (attempts kept, so each re-drive allows one more execution) and the next
 // delivery of the message runs the handler. Dead letters in the stream are
 // kept as they are (a stream entry is not updated); the record notes
-// redriven_ms. It returns dedup.ErrNotFound when no record matches and an
+// redriven_ms, and redriven_by, a token fresh per call, by which a second
+// run of the script (go-redis resends it when the reply was lost) answers as
+// the first did. It returns dedup.ErrNotFound when no record matches and an
 // error wrapping dedup.ErrNotFinal when the record is not FAILED_FINAL.
 func (s *Store) Redrive(ctx context.Context, scope, messageID string) error {
 	mid := dedup.NormalizeKey(messageID)
@@ -83,16 +86,25 @@ func (s *Store) Redrive(ctx context.Context, scope, messageID string) error {
 	if r, err := s.lookup(ctx, scope, mid); err == nil && r.BusinessKey != "" {
 		bki = k.businessKey(r.BusinessKey)
 	}
-	st, err := redriveScript.Run(ctx, s.c, []string{rec, bki}, ms(s.cfg.FailedRetention)).Text()
-	switch {
-	case err != nil:
+	// The token lets a second run of the script (a retry by the client after
+	// a lost reply) recognise this call and answer as the first run did.
+	st, err := redriveScript.Run(ctx, s.c, []string{rec, bki}, ms(s.cfg.FailedRetention), uuid.NewString()).Text()
+	if err != nil {
 		return fmt.Errorf("idemq/redisstore: redrive: %w", err)
-	case st == "":
-		return dedup.ErrNotFound
-	case st != string(dedup.StatusFailedFinal):
-		return fmt.Errorf("%w: %s/%s is %s", dedup.ErrNotFinal, scope, messageID, st)
 	}
-	return nil
+	return redriveReply(scope, messageID, st)
+}
+
+// redriveReply reads redriveScript's reply: the record's status before the
+// re-drive, "" when there is none.
+func redriveReply(scope, messageID, st string) error {
+	switch st {
+	case "":
+		return dedup.ErrNotFound
+	case string(dedup.StatusFailedFinal):
+		return nil
+	}
+	return fmt.Errorf("%w: %s/%s is %s", dedup.ErrNotFinal, scope, messageID, st)
 }
 
 // DeadLetters lists the dead letters of scope, oldest first, at most limit

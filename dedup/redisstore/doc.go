@@ -22,6 +22,18 @@
 // SucceededRetention (SUCCEEDED) or FailedRetention (anything else); dead
 // letters are trimmed after FailedRetention. Times are the Redis server's.
 //
+// Every script is safe to run twice: go-redis sends a command again when
+// the connection died before its reply came, and the first run may have
+// happened. Each call carries an ID of its caller (the claim's owner token,
+// the owner token and fence of a completion, a fresh token for a rejection or
+// a re-drive); a script whose first run already did the work recognises the
+// ID and returns the first run's reply, writing nothing. So a retried claim
+// finds its own lease and runs the handler (not "lease held", which would
+// end, with MaxAttempts 1, in a dead letter for a message that never ran),
+// and a retried completion answers done, not fenced. The record keeps what
+// that takes: its last owner token and fence (also after the lease ended),
+// and the token and dead-letter ID of a claim or rejection that ended it.
+//
 // Keys are "<Prefix>:{<scope digest>}:rec:<message ID>", "…:bk:<business
 // key>", "…:lease:<message ID>" and "…:dead_letters": all keys of one scope
 // share a hash tag, hence one slot on Redis Cluster, which the scripts

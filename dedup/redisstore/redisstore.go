@@ -271,8 +271,18 @@ func (s *Store) claim(ctx context.Context, msg *dedup.Message, sums []dedup.Keye
 	if err != nil {
 		return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: %w", id, err)
 	}
+	return claimReply(id, recMID, token, v)
+}
+
+// claimReply reads claimScript's final reply v (after follow) about the
+// record of message ID recMID, for a claim by owner token: a claim to run
+// the handler under, or nil and the delivery's result.
+func claimReply(id dedup.Identity, recMID string, token uuid.UUID, v []any) (*claimed, dedup.Result, error) {
 	switch str(v, 0) {
 	case "RUN":
+		if num(v, 1) < 1 || num(v, 2) < 1 || str(v, 3) == "" {
+			return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: unexpected reply %v", id, v)
+		}
 		recID := dedup.Identity{Scope: id.Scope, MessageID: str(v, 3), BusinessKey: str(v, 4)}
 		l := dedup.Lease{Identity: id, Record: recID, OwnerToken: token, Attempt: int(num(v, 1)), Fence: num(v, 2)}
 		return &claimed{lease: l, recordMID: recID.MessageID, recordBK: recID.BusinessKey}, dedup.Result{}, nil
@@ -334,8 +344,13 @@ func (r *redisLease) Succeed(ctx context.Context) (bool, error) {
 	return fenced, err
 }
 
+// Release gives the lease back; it returns dedup.ErrFenced when the record
+// is not this owner's any more (it was taken over meanwhile).
 func (r *redisLease) Release(ctx context.Context) error {
-	_, _, err := r.finish(ctx, "RELEASE", nil, "")
+	_, fenced, err := r.finish(ctx, "RELEASE", nil, "")
+	if err == nil && fenced {
+		return dedup.ErrFenced
+	}
 	return err
 }
 
@@ -364,7 +379,28 @@ func (r *redisLease) finish(ctx context.Context, status string, herr error, reas
 	if err != nil {
 		return 0, false, err
 	}
-	return streamID(str(v, 1)), num(v, 0) == 0, nil
+	dlID, fenced, err = finishReply(v)
+	if err != nil {
+		return 0, false, fmt.Errorf("idemq/redisstore: finish %s: %w", id, err)
+	}
+	return dlID, fenced, nil
+}
+
+// finishReply reads finishScript's reply: {0} fenced, {1, dead-letter ID or
+// ""} done.
+func finishReply(v []any) (dlID int64, fenced bool, err error) {
+	switch {
+	case len(v) == 1 && num(v, 0) == 0:
+		return 0, true, nil
+	case len(v) == 2 && num(v, 0) == 1:
+		if id := str(v, 1); id != "" {
+			if dlID = streamID(id); dlID == 0 {
+				return 0, false, fmt.Errorf("unexpected dead-letter ID in reply %v", v)
+			}
+		}
+		return dlID, false, nil
+	}
+	return 0, false, fmt.Errorf("unexpected reply %v", v)
 }
 
 // Reject records msg as bad input without running a handler: the record
@@ -384,17 +420,23 @@ func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, c
 	ctx = context.WithoutCancel(ctx)
 	id := msg.Identity
 	k := s.keysOf(id.Scope)
+	token := uuid.NewString() // recognises a second run of this call's script (see prelude)
 	v, _, err := follow(id, func(recMID string, viaBK bool) ([]any, error) {
 		rec := k.record(recMID)
 		args := []any{id.MessageID, id.BusinessKey, flag(viaBK), recMID, ms(s.cfg.FailedRetention),
 			pgtext.Clip(cause.Error(), s.cfg.MaxErrorBytes), dedup.ErrorClass(cause), reason, ms(s.cfg.FailedRetention)}
-		args = append(append(args, s.deadLetterArgs(msg)...), msg.Source, id.Scope, msg.ReconsumeTimes)
+		args = append(append(args, s.deadLetterArgs(msg)...), msg.Source, id.Scope, msg.ReconsumeTimes, token)
 		keys := []string{rec, k.bkOrRecord(id.BusinessKey, rec), k.lease(recMID), k.deadLetters()}
 		return rejectScript.Run(ctx, s.c, keys, args...).Slice()
 	})
 	if err != nil {
 		return dedup.Result{}, fmt.Errorf("idemq/redisstore: reject %s: %w", id, err)
 	}
+	return rejectReply(id, cause, v)
+}
+
+// rejectReply reads rejectScript's final reply v (after follow).
+func rejectReply(id dedup.Identity, cause error, v []any) (dedup.Result, error) {
 	switch str(v, 0) {
 	case "DUP":
 		return dedup.Result{Outcome: dedup.OutcomeDuplicate, Status: dedup.Status(str(v, 1)), Attempts: int(num(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}, nil
