@@ -614,7 +614,7 @@ func TestRedisFastPathRememberReplyLost(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
 	prefix := randomName("fp-")
-	fp, err := redisfast.New(redisfast.Config{Client: c, Prefix: prefix, Timeout: 10 * time.Second})
+	fp, err := redisfast.New(redisfast.Config{Client: c, Prefix: prefix, Timeout: time.Second}) // the most New allows; the drop costs a reconnect, not a wait
 	if err != nil {
 		t.Fatal(err)
 	}
