@@ -75,7 +75,9 @@ func (c *Consumer) Config() Config { return c.cfg }
 // Handle takes one delivery to a durable outcome, once: identity, dedup claim,
 // handler, mark. An OutcomeRetry result means "not acknowledged: deliver
 // again later" (RocketMQ: ConsumeRetryLater). A non-nil error means the
-// outcome could not be recorded (database down, ctx ended): do not ack.
+// outcome could not be recorded, or is not known to be (database down, ctx
+// ended, the connection lost or terminated at COMMIT: dedup.ErrOutcomeUnknown):
+// do not ack; nothing was counted, and the next copy finds the truth.
 //
 // In atomic mode a delivery with a Lane runs under the crash-loop guard of
 // that lane (Config.CrashLoop, push mode: see the package doc).
@@ -103,7 +105,8 @@ func (c *Consumer) handle(ctx context.Context, d Delivery, sess *laneSession) (d
 	}
 	endSpan(span, res, err)
 	if err != nil {
-		c.log.Warn("idemq: outcome not recorded; will be redelivered", "message_id", msg.Identity.MessageID, "source", msg.Source, "err", err)
+		c.log.Warn("idemq: outcome not recorded; will be redelivered", "message_id", msg.Identity.MessageID, "source", msg.Source,
+			"class", dedup.Classify(err), "handler_called", res.HandlerCalled, "err", err)
 		return res, err
 	}
 	if do, ok := c.cfg.Metrics.(DurationObserver); ok {
@@ -163,6 +166,11 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 	}
 	for i, r := range results {
 		if r.Outcome == "" {
+			if r.Err != nil {
+				// A per-message rerun stopped here: not durable, not acked.
+				c.log.Warn("idemq: outcome not recorded; will be retried", "message_id", ds[i].Message.Identity.MessageID,
+					"source", ds[i].Message.Source, "class", dedup.Classify(r.Err), "handler_called", r.HandlerCalled, "err", r.Err)
+			}
 			break
 		}
 		c.report(ds[i].Message, r)

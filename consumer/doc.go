@@ -4,7 +4,11 @@
 // A Consumer turns each Delivery into a dedup identity (scope from Config,
 // message ID from the adapter, business key from Config.BusinessKey), runs the
 // handler through dedup.Store.Process and reports the outcome to Metrics and
-// the log. It never acknowledges a delivery whose outcome is not durable.
+// the log. It never acknowledges a delivery whose outcome is not durable,
+// nor one whose outcome is unknown (dedup.ErrOutcomeUnknown: the connection
+// was lost at COMMIT): that one is retried like a failure (Kafka: in place;
+// RocketMQ: ConsumeRetryLater) without counting an attempt, and the next
+// copy finds whether it committed.
 //
 // # Two ways to drive it
 //

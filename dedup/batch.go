@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // ProcessBatch runs h for msgs in batched atomic mode: one
@@ -21,8 +19,26 @@ import (
 // left zero (Outcome ""), meaning "not attempted". A message appearing twice
 // in a batch is handled twice, in order (the second copy is a duplicate).
 //
-// results has one entry per message. A non-nil error means the batch
-// transaction did not commit: no result is durable, nothing may be acked.
+// A bad entry never blocks the batch. When the batch transaction cannot
+// commit because of one of its messages (the server refused the COMMIT: a
+// deferred constraint, an aborted transaction; or a handler left the
+// transaction unusable), or keeps failing with serialization failures or
+// deadlocks after Config.TransientRetry, the batch is rerun one message per
+// transaction with Process's semantics, in order, stopping at the first
+// message that must be retried later. The culprit is then marked like any
+// handler failure (an attempt counted; FAILED_FINAL and a dead letter after
+// Config.MaxAttempts) and the others commit. A batch is never retried whole
+// without end.
+//
+// results has one entry per message. A non-nil error means nothing of the
+// batch is durable and nothing may be acked; it wraps ErrOutcomeUnknown when
+// the connection was lost or terminated at COMMIT or under a handler, or
+// ctx ended (nothing was counted or marked). results, when not nil with an
+// error, only say which handlers ran (HandlerCalled; Outcome ""). When a
+// per-message rerun meets such an error after earlier messages committed,
+// their results come back with a nil error, and the failing message's
+// result has Outcome "" (not acked), HandlerCalled, and Err set to the
+// error.
 func (s *Store) ProcessBatch(ctx context.Context, msgs []*Message, h Handler) ([]Result, error) {
 	results := make([]Result, len(msgs))
 	if len(msgs) == 0 {
@@ -31,12 +47,7 @@ func (s *Store) ProcessBatch(ctx context.Context, msgs []*Message, h Handler) ([
 	if h == nil {
 		return nil, errors.New("idemq: ProcessBatch: nil handler")
 	}
-	type fp struct {
-		sum   []byte
-		keyID string
-		err   error
-	}
-	fps := make([]fp, len(msgs))
+	fps := make([]batchFP, len(msgs))
 	for i, m := range msgs {
 		if m == nil || m.Identity.Scope == "" || m.Identity.MessageID == "" {
 			return nil, fmt.Errorf("idemq: ProcessBatch: message %d has no identity (use NewIdentity)", i)
@@ -44,9 +55,53 @@ func (s *Store) ProcessBatch(ctx context.Context, msgs []*Message, h Handler) ([
 		fps[i].sum, fps[i].keyID, fps[i].err = s.fp.Sum(m.Payload)
 	}
 
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	// called[i]: the handler ran for msgs[i] in some try.
+	called := make([]bool, len(msgs))
+	var class FailureClass
+	var failure error
+	_, waitErr := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "batch", IsTransient, func() (struct{}, error) {
+		results, class, failure = s.batchTx(ctx, msgs, fps, h, called)
+		if class == FailureTransient {
+			return struct{}{}, failure
+		}
+		return struct{}{}, nil
+	})
+	switch {
+	case failure == nil:
+		for i, r := range results {
+			if r.Status == StatusSucceeded && (r.Outcome == OutcomeProcessed || r.Outcome == OutcomeDuplicate) && fps[i].err == nil {
+				s.fastRemember(ctx, msgs[i].Identity, fps[i].sum, fps[i].keyID)
+			}
+		}
+		return results, nil
+	case waitErr != nil && !IsTransient(waitErr):
+		// ctx ended while waiting to retry.
+		return calledResults(called), fmt.Errorf("%w: batch: %w", ErrOutcomeUnknown, errors.Join(waitErr, failure))
+	case class == FailureOutcomeUnknown:
+		return calledResults(called), failure
+	}
+	s.cfg.Logger.Warn("idemq: batch could not commit; rerunning it one message per transaction to find the culprit",
+		"messages", len(msgs), "class", class, "err", failure)
+	return s.rerunOneByOne(ctx, msgs, fps, h, called)
+}
+
+// batchFP is the fingerprint of one message of a batch, or why it has none.
+type batchFP struct {
+	sum   []byte
+	keyID string
+	err   error
+}
+
+// batchTx is one try of ProcessBatch: one transaction for the whole batch.
+// On failure nothing is durable, and class says what the failure means:
+// FailureOutcomeUnknown (failure wraps ErrOutcomeUnknown), FailureTransient
+// (retry the batch), or FailureHandler (a message made the batch fail: find
+// it). called[i] is set when the handler ran for msgs[i].
+func (s *Store) batchTx(ctx context.Context, msgs []*Message, fps []batchFP, h Handler, called []bool) ([]Result, FailureClass, error) {
+	results := make([]Result, len(msgs))
+	tx, err := s.pool.BeginTx(ctx, s.cfg.TxOptions)
 	if err != nil {
-		return nil, fmt.Errorf("idemq: begin batch: %w", err)
+		return nil, ownFailureClass(err), wrapUnknown(fmt.Errorf("idemq: begin batch: %w", err))
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
@@ -54,7 +109,7 @@ func (s *Store) ProcessBatch(ctx context.Context, msgs []*Message, h Handler) ([
 		if fps[i].err != nil {
 			res, err := s.markFailedIn(ctx, tx, m, nil, "", Permanent(fps[i].err), ReasonBadInput)
 			if err != nil {
-				return nil, err
+				return nil, ownFailureClass(err), wrapUnknown(err)
 			}
 			results[i] = res
 			continue
@@ -64,26 +119,29 @@ func (s *Store) ProcessBatch(ctx context.Context, msgs []*Message, h Handler) ([
 			continue
 		}
 		res, herr, err := s.claimAndRunIn(ctx, tx, m, fps[i].sum, fps[i].keyID, h, false)
+		called[i] = called[i] || res.HandlerCalled || herr != nil
 		if err != nil {
-			return nil, err
+			return nil, ownFailureClass(err), wrapUnknown(err)
 		}
 		if herr != nil {
+			if IsTransient(herr) {
+				return nil, FailureTransient, herr
+			}
 			// The handler's failure could not be rolled back to its
-			// savepoint: the transaction is unusable, the batch fails.
-			return nil, fmt.Errorf("idemq: batch transaction unusable after a handler failure: %w", herr)
+			// savepoint: the transaction is unusable; find the culprit.
+			return nil, FailureHandler, fmt.Errorf("idemq: batch transaction unusable after a handler failure: %w", herr)
 		}
 		results[i] = res
 		if res.Outcome == OutcomeRetry {
 			break
 		}
 	}
-	if err := commit(ctx, tx); err != nil {
-		return nil, err
-	}
-	for i, r := range results {
-		if r.Status == StatusSucceeded && (r.Outcome == OutcomeProcessed || r.Outcome == OutcomeDuplicate) && fps[i].err == nil {
-			s.fastRemember(ctx, msgs[i].Identity, fps[i].sum, fps[i].keyID)
+	if err := tx.Commit(ctx); err != nil {
+		class := commitFailureClass(err)
+		if class == FailureOutcomeUnknown {
+			return nil, class, fmt.Errorf("%w: batch commit: %w", ErrOutcomeUnknown, err)
 		}
+		return nil, class, fmt.Errorf("idemq: batch commit refused: %w", err)
 	}
-	return results, nil
+	return results, FailureNone, nil
 }

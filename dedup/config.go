@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"regexp"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Config configures a Store. The zero value of every field but Fingerprinter
@@ -41,6 +43,43 @@ type Config struct {
 	// Postgres (e.g. redisfast.New). Default nil: Postgres only. A FastPath
 	// with a TTL() method must not remember longer than SucceededRetention.
 	FastPath FastPath
+	// TxOptions are the options of every transaction that runs a handler
+	// (Process, ProcessBatch, and the per-message reruns of a refused
+	// batch). Default: read committed, read write. IsoLevel may be
+	// pgx.ReadCommitted, pgx.RepeatableRead or pgx.Serializable; under the
+	// last two, serialization failures (40001) are retried as
+	// TransientRetry says. AccessMode may only be pgx.ReadWrite (the claim
+	// writes), DeferrableMode only pgx.NotDeferrable, and BeginQuery and
+	// CommitQuery must be empty; anything else is refused by NewStore. One
+	// Store serves one isolation level: give consumers that need another
+	// their own Store on the same pool and tables.
+	TxOptions pgx.TxOptions
+	// TransientRetry is the in-place retry of a transaction that failed
+	// with a serialization failure (SQLSTATE 40001) or a deadlock (40P01),
+	// wherever it was raised (a handler statement, the claim, a mark, the
+	// COMMIT; in lease mode the claim and the completion, failure and
+	// release marks). The whole
+	// transaction is retried at once, with jittered exponential backoff;
+	// the retries count no attempt and mark nothing. When they are used up
+	// the failure is the handler's (counted, marked); a batch is then rerun
+	// one message per transaction. Default: 3 retries, 10ms doubling to at
+	// most 100ms, ±50% jitter (see RetryPolicy).
+	TransientRetry RetryPolicy
+	// OutcomeUnknownRetry is the in-place retry of a lease-mode call on
+	// Postgres (the claim; the completion, failure or release mark) whose
+	// outcome is unknown (the connection was lost or terminated before its
+	// answer came, see Classify): the call is repeated on a new connection
+	// with the same owner token and fence, and recognises its own earlier
+	// run (a claim finds its committed claim by owner token and runs under
+	// it; a mark finds the record already in its status under its token and
+	// fence, and a final failure the dead letter it wrote). When the retries
+	// are used up ProcessLeased returns an error wrapping ErrOutcomeUnknown
+	// (not acked), and a claim or lease that committed unseen expires after
+	// its TTL. Atomic and batched modes do not retry an unknown COMMIT in the
+	// store (the handler's transaction is gone): they return
+	// ErrOutcomeUnknown and the runtime redelivers. Default: 3 retries,
+	// 100ms doubling to at most 1s, ±50% jitter.
+	OutcomeUnknownRetry RetryPolicy
 }
 
 var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
@@ -73,6 +112,11 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.TxOptions.IsoLevel == "" {
+		c.TxOptions.IsoLevel = pgx.ReadCommitted
+	}
+	c.TransientRetry = c.TransientRetry.withDefaults(defaultTransientRetry)
+	c.OutcomeUnknownRetry = c.OutcomeUnknownRetry.withDefaults(defaultOutcomeUnknownRetry)
 	return c
 }
 
@@ -95,6 +139,15 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: SucceededRetention %s must be at least 1m", ErrInvalidConfig, c.SucceededRetention)
 	case c.FailedFinalRetention < c.SucceededRetention:
 		return fmt.Errorf("%w: FailedFinalRetention %s is shorter than SucceededRetention %s", ErrInvalidConfig, c.FailedFinalRetention, c.SucceededRetention)
+	}
+	if err := validateTxOptions(c.TxOptions); err != nil {
+		return err
+	}
+	if err := c.TransientRetry.validate("TransientRetry"); err != nil {
+		return err
+	}
+	if err := c.OutcomeUnknownRetry.validate("OutcomeUnknownRetry"); err != nil {
+		return err
 	}
 	if t, ok := c.FastPath.(interface{ TTL() time.Duration }); ok && t.TTL() > c.SucceededRetention {
 		return fmt.Errorf("%w: FastPath TTL %s is longer than SucceededRetention %s: a purged record would still be answered from the fast path", ErrInvalidConfig, t.TTL(), c.SucceededRetention)

@@ -299,7 +299,7 @@ func (s *Store) exhaustLostExecution(ctx context.Context, tx pgx.Tx, msg *Messag
 }
 
 // ownExhaust answers a lease claim sent again after its answer was lost
-// (claimLeaseResent) that found msg's record FAILED_FINAL (res, a
+// (claimLeaseRetrying) that found msg's record FAILED_FINAL (res, a
 // duplicate): when the record is FAILED_FINAL under one of tokens, the lost
 // claim was the one that found the last attempt's lease expired and
 // dead-lettered the record, and the answer is its dead letter (ok true), as

@@ -45,6 +45,28 @@
 // FAILED_FINAL mark writes a dead-letter row in the same transaction. Records
 // are never deleted while live; failures are marked, so redelivery is safe.
 //
+// [Store.ProcessBatch] runs up to N deliveries in one transaction, a
+// savepoint per message. When the batch cannot commit because of one of them
+// (a refused COMMIT, or serialization failures that outlive their retries),
+// it is rerun one message per transaction with Process's semantics, so that
+// the culprit alone is marked and dead-lettered after its attempts; a batch
+// is never retried whole without end.
+//
+// # Failure classes
+//
+// What a failure means decides what happens, whatever step raised it
+// ([Classify], [FailureClass]): a handler failure (its error or panic, a
+// COMMIT the server refused) is counted and marked; a [Permanent] error is
+// dead-lettered at once; a serialization failure or deadlock (40001, 40P01)
+// retries the whole transaction at once without counting
+// (Config.TransientRetry), and becomes a handler failure only when those
+// retries are used up; a connection lost or terminated at COMMIT (SQLSTATE
+// class 08, 57P01–57P03, io errors) or an ended context leaves the outcome
+// unknown: nothing is counted or marked, the error wraps [ErrOutcomeUnknown],
+// the delivery is not acked, and the next copy finds the truth.
+// [Result].HandlerCalled is true whenever the handler ran. The handler's
+// isolation level is Config.TxOptions (read committed by default).
+//
 // # Lease mode
 //
 // For side effects that cannot join the transaction (an HTTP call to a
@@ -137,9 +159,10 @@
 // the watermark upsert (the integration tests count them statement by
 // statement). consumer.Config.CrashLoop.Off turns it all off.
 //
-// pgx never resends a statement, so the store sends a lease-mode claim or
-// mark again itself (up to three times, after 25 ms, 100 ms and 400 ms)
-// when the connection failed before its answer came, and each one is safe
+// pgx never resends a statement, so the store retries a lease-mode claim
+// or mark in place itself when its outcome is unknown ([Classify]: the
+// connection failed before its answer came), as Config.OutcomeUnknownRetry
+// says (3 retries, 100 ms doubling to 1 s by default), and each one is safe
 // to run twice: a claim looks for its own owner token before claiming again
 // (a claim that committed is this caller's lease), and a mark that finds the
 // record already in the status it writes, under its own owner token and

@@ -153,7 +153,7 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler,
 	if res, hit := s.fastLookup(ctx, msg); hit {
 		return res, nil
 	}
-	lease, rowID, res, err := s.claimLeaseResent(ctx, msg, sum, keyID, opt.TTL)
+	lease, rowID, res, err := s.claimLeaseRetrying(ctx, msg, sum, keyID, opt.TTL)
 	if err != nil || rowID == 0 {
 		return res, err
 	}
@@ -207,7 +207,9 @@ type LeaseMarks interface {
 //     (OutcomeRetry).
 //
 // A panic in h is an error (*PanicError). Marks are made even after ctx
-// ended. A non-nil error means the outcome was not recorded: do not ack.
+// ended. A non-nil error means the outcome was not recorded, or not known to
+// be (a mark whose connection was lost: it wraps ErrOutcomeUnknown): do not
+// ack. The Result returned with it has HandlerCalled and Attempts set.
 func RunLease(ctx context.Context, msg *Message, l Lease, h LeaseHandler, opt LeaseOptions, maxAttempts int, marks LeaseMarks, log *slog.Logger) (Result, error) {
 	opt = opt.WithDefaults()
 	msg.Attempt = l.Attempt
@@ -242,7 +244,9 @@ func RunLease(ctx context.Context, msg *Message, l Lease, h LeaseHandler, opt Le
 	if herr == nil {
 		lost, err := marks.Succeed(mctx)
 		if err != nil {
-			return Result{}, fmt.Errorf("idemq: lease complete %s: %w", l.Identity, err)
+			// Not recorded, or not known to be: not acked, not counted; the
+			// handler ran all the same.
+			return res, wrapUnknown(fmt.Errorf("idemq: lease complete %s: %w", l.Identity, err))
 		}
 		if lost {
 			return fence()
@@ -256,7 +260,7 @@ func RunLease(ctx context.Context, msg *Message, l Lease, h LeaseHandler, opt Le
 		if rerr := marks.Release(mctx); rerr != nil {
 			log.Warn("idemq: release lease", "identity", l.Identity.String(), "err", rerr)
 		}
-		return Result{}, fmt.Errorf("idemq: handler interrupted: %w", errors.Join(ctx.Err(), herr))
+		return res, fmt.Errorf("%w: handler interrupted: %w", ErrOutcomeUnknown, errors.Join(ctx.Err(), herr))
 	}
 	status, reason := StatusFailedRetryable, ""
 	switch {
@@ -267,7 +271,7 @@ func RunLease(ctx context.Context, msg *Message, l Lease, h LeaseHandler, opt Le
 	}
 	dlID, lost, err := marks.Fail(mctx, status, reason, herr)
 	if err != nil {
-		return Result{}, fmt.Errorf("idemq: lease mark %s %s: %w", status, l.Identity, err)
+		return res, wrapUnknown(fmt.Errorf("idemq: lease mark %s %s: %w", status, l.Identity, err))
 	}
 	if lost {
 		return fence()
@@ -362,28 +366,25 @@ func (p *pgLease) Renew(ctx context.Context) (bool, error) {
 	return err == nil && tag.RowsAffected() > 0, err
 }
 
-// The marks are sent again while their answer is lost, and recognise their
-// own earlier run (see resend.go).
+// The marks are retried in place while their outcome is unknown or they
+// are transient (markRetry), and recognise their own earlier run (see
+// lease_unknown.go).
 
 func (p *pgLease) Succeed(ctx context.Context) (fenced bool, err error) {
-	err = resend(ctx, func() error {
+	return markRetry(ctx, p.s, "lease complete "+p.lease.Identity.String(), func() (bool, error) {
 		var marked, before bool
 		err := p.s.pool.QueryRow(ctx, p.s.q.leaseDoneSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, *p.s.expiry(StatusSucceeded)).
 			Scan(&marked, &before)
-		fenced = !marked && !before
-		return err
+		return !marked && !before, err
 	})
-	return fenced, err
 }
 
 // Release returns ErrFenced when the record is not this owner's any more.
 func (p *pgLease) Release(ctx context.Context) error {
-	var fenced bool
-	err := resend(ctx, func() error {
+	fenced, err := markRetry(ctx, p.s, "lease release "+p.lease.Identity.String(), func() (bool, error) {
 		var marked, before bool
 		err := p.s.pool.QueryRow(ctx, p.s.q.leaseReleaseSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence).Scan(&marked, &before)
-		fenced = !marked && !before
-		return err
+		return !marked && !before, err
 	})
 	if err == nil && fenced {
 		return ErrFenced
@@ -393,28 +394,44 @@ func (p *pgLease) Release(ctx context.Context) error {
 
 // Fail writes the mark and, for a final failure, the dead letter in one
 // transaction.
-func (p *pgLease) Fail(ctx context.Context, status Status, reason string, herr error) (dlID int64, fenced bool, err error) {
-	s := p.s
-	err = resend(ctx, func() error {
-		dlID, fenced = 0, false
-		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			var marked, before bool
-			if err := tx.QueryRow(ctx, s.q.leaseFailSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, string(status),
-				clip(herr.Error(), s.cfg.MaxErrorBytes), ErrorClass(herr), s.expiry(status)).Scan(&marked, &before); err != nil {
-				return err
-			}
-			var err error
-			switch {
-			case !marked && !before:
-				fenced = true
-			case status != StatusFailedFinal: // no dead letter
-			case marked:
-				dlID, err = s.q.insertDeadLetter(ctx, tx, p.msg, p.sum, reason, herr, p.lease.Attempt, s.cfg.MaxErrorBytes)
-			default: // a second run of this mark: the dead letter its first run wrote
-				dlID, err = s.q.liveDeadLetterID(ctx, tx, p.msg, p.sum, reason)
-			}
+func (p *pgLease) Fail(ctx context.Context, status Status, reason string, herr error) (deadLetterID int64, fenced bool, err error) {
+	type marked struct {
+		dlID   int64
+		fenced bool
+	}
+	m, err := markRetry(ctx, p.s, "lease mark "+string(status)+" "+p.lease.Identity.String(), func() (marked, error) {
+		var m marked
+		err := pgx.BeginFunc(ctx, p.s.pool, func(tx pgx.Tx) (err error) {
+			m.dlID, m.fenced, err = p.fail(ctx, tx, status, reason, herr)
 			return err
 		})
+		if err != nil {
+			return marked{}, err
+		}
+		return m, nil
 	})
-	return dlID, fenced, err
+	return m.dlID, m.fenced, err
+}
+
+// fail is one run of Fail's mark in tx. A run that finds the mark already
+// made by an earlier run of its own (its answer lost) answers with the dead
+// letter that run wrote.
+func (p *pgLease) fail(ctx context.Context, tx pgx.Tx, status Status, reason string, herr error) (dlID int64, fenced bool, err error) {
+	s := p.s
+	var marked, before bool
+	if err := tx.QueryRow(ctx, s.q.leaseFailSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, string(status),
+		clip(herr.Error(), s.cfg.MaxErrorBytes), ErrorClass(herr), s.expiry(status)).Scan(&marked, &before); err != nil {
+		return 0, false, err
+	}
+	switch {
+	case !marked && !before:
+		return 0, true, nil
+	case status != StatusFailedFinal: // no dead letter
+		return 0, false, nil
+	case marked:
+		dlID, err = s.q.insertDeadLetter(ctx, tx, p.msg, p.sum, reason, herr, p.lease.Attempt, s.cfg.MaxErrorBytes)
+	default: // an earlier run of this mark committed: the dead letter it wrote
+		dlID, err = s.q.liveDeadLetterID(ctx, tx, p.msg, p.sum, reason)
+	}
+	return dlID, false, err
 }

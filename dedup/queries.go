@@ -105,9 +105,9 @@ where id = $1 and owner_token = $2 and fence = $3 and status = 'PROCESSING'`
 	// this statement made the mark, and an earlier run of the same mark (same
 	// owner token and fence, the status it writes) had already made it. The
 	// owner token and fence stay on the row after the lease ends, so a mark
-	// sent again after its answer was lost recognises its own first run
-	// (see resend.go). The second EXISTS reads the row as it was before this
-	// statement.
+	// retried after its answer was lost recognises its own first run (see
+	// lease_unknown.go). The second EXISTS reads the row as it was before
+	// this statement.
 	mark := func(set, status string) string {
 		return `with m as (
   update ` + q.records + `

@@ -9,7 +9,6 @@ import (
 	"github.com/idemq/idemq/internal/pgtext"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -67,10 +66,14 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // must be set (see NewIdentity); msg.Attempt is set before h runs.
 //
 // The returned error is non-nil only when the outcome could not be made
-// durable (database unreachable, ctx canceled during the handler): the
-// delivery must then not be acknowledged, and nothing was marked. Handler
+// durable (database unreachable, ctx canceled during the handler, the
+// connection lost or terminated at COMMIT: these wrap ErrOutcomeUnknown):
+// the delivery must then not be acknowledged, and nothing was counted or
+// marked; Result.HandlerCalled still says whether the handler ran. Handler
 // failures are not errors of Process: they come back as OutcomeRetry or
-// OutcomeDeadLetter with Result.Err set.
+// OutcomeDeadLetter with Result.Err set. Serialization failures and
+// deadlocks are retried first as Config.TransientRetry says (see
+// FailureClass for the whole table).
 func (s *Store) Process(ctx context.Context, msg *Message, h Handler) (Result, error) {
 	if msg == nil || h == nil {
 		return Result{}, errors.New("idemq: Process: nil message or handler")
@@ -85,7 +88,7 @@ func (s *Store) Process(ctx context.Context, msg *Message, h Handler) (Result, e
 	if res, hit := s.fastLookup(ctx, msg); hit {
 		return res, nil
 	}
-	res, herr, err := s.claimAndRun(ctx, msg, sum, keyID, h)
+	res, herr, err := s.runAtomic(ctx, msg, sum, keyID, h)
 	if err == nil && res.Status == StatusSucceeded && (res.Outcome == OutcomeProcessed || res.Outcome == OutcomeDuplicate) {
 		s.fastRemember(ctx, msg.Identity, sum, keyID)
 	}
@@ -95,9 +98,47 @@ func (s *Store) Process(ctx context.Context, msg *Message, h Handler) (Result, e
 	// The handler failed and its transaction is rolled back. A shutdown is not
 	// the message's fault: mark nothing and let the broker redeliver.
 	if ctx.Err() != nil {
-		return Result{}, fmt.Errorf("idemq: handler interrupted: %w", errors.Join(ctx.Err(), herr))
+		return Result{HandlerCalled: true}, fmt.Errorf("%w: handler interrupted: %w", ErrOutcomeUnknown, errors.Join(ctx.Err(), herr))
 	}
-	return s.markFailed(ctx, msg, sum, keyID, herr, ReasonAttemptsExhausted)
+	mres, err := s.markFailed(ctx, msg, sum, keyID, herr, ReasonAttemptsExhausted)
+	if err != nil {
+		return Result{HandlerCalled: true, Attempts: res.Attempts}, wrapUnknown(err)
+	}
+	return mres, nil
+}
+
+// runAtomic is claimAndRun, retried in place as Config.TransientRetry says
+// while it fails with a serialization failure or a deadlock (in the handler,
+// the claim, a mark or the COMMIT). Each try is a new transaction, so a
+// rolled-back try counts no attempt. When the retries are used up, a
+// transient handler failure comes back as herr (the caller marks it: it is
+// then the handler's failure) and a transient error outside the handler as
+// err. HandlerCalled is true when any try ran the handler.
+func (s *Store) runAtomic(ctx context.Context, msg *Message, sum []byte, keyID string, h Handler) (res Result, herr, err error) {
+	type try struct {
+		res       Result
+		herr, err error
+	}
+	called := false
+	last, waitErr := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "process "+msg.Identity.String(), IsTransient, func() (try, error) {
+		var t try
+		t.res, t.herr, t.err = s.claimAndRun(ctx, msg, sum, keyID, h)
+		called = called || t.res.HandlerCalled || t.herr != nil
+		switch {
+		case IsTransient(t.herr):
+			return t, t.herr
+		case IsTransient(t.err):
+			return t, t.err
+		}
+		return t, nil
+	})
+	if waitErr != nil && !IsTransient(waitErr) {
+		// ctx ended while waiting to retry: nothing of this delivery is
+		// durable, and it is not the handler's failure.
+		return Result{HandlerCalled: called}, nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, waitErr)
+	}
+	last.res.HandlerCalled = last.res.HandlerCalled || called
+	return last.res, last.herr, wrapUnknown(last.err)
 }
 
 // Reject records a delivery that cannot be processed at all (bad input: the
@@ -141,10 +182,12 @@ func (r *record) matchedBy(id Identity) MatchedBy {
 }
 
 // claimAndRun is step 1–3 of atomic mode. It returns the handler's error
-// separately (herr) when the handler ran and failed; the transaction is then
-// already rolled back.
+// separately (herr) when the handler ran and failed, or is transient, or
+// the server refused the COMMIT; the transaction is then already rolled
+// back. A COMMIT whose outcome is unknown returns an err wrapping
+// ErrOutcomeUnknown with HandlerCalled set.
 func (s *Store) claimAndRun(ctx context.Context, msg *Message, sum []byte, keyID string, h Handler) (res Result, herr error, err error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	tx, err := s.pool.BeginTx(ctx, s.cfg.TxOptions)
 	if err != nil {
 		return Result{}, nil, fmt.Errorf("idemq: begin: %w", err)
 	}
@@ -155,12 +198,24 @@ func (s *Store) claimAndRun(ctx context.Context, msg *Message, sum []byte, keyID
 		return res, herr, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		var pgErr *pgconn.PgError
-		if res.HandlerCalled && (errors.Is(err, pgx.ErrTxCommitRollback) || errors.As(err, &pgErr)) {
+		called := Result{HandlerCalled: res.HandlerCalled, Attempts: res.Attempts}
+		switch commitFailureClass(err) {
+		case FailureOutcomeUnknown:
+			// The connection was lost or terminated at COMMIT: it may or may
+			// not have committed. Not the handler's failure: count and mark
+			// nothing; the next copy finds the truth.
+			return called, nil, fmt.Errorf("%w: commit: %w", ErrOutcomeUnknown, err)
+		case FailureTransient:
+			if res.HandlerCalled {
+				return called, fmt.Errorf("idemq: commit: %w", err), nil
+			}
+			return called, nil, fmt.Errorf("idemq: commit: %w", err)
+		}
+		if res.HandlerCalled {
 			// The server refused the commit: the handler left the
 			// transaction aborted, or a deferred constraint of its writes
 			// failed. That is the handler's failure, marked like any other.
-			return Result{HandlerCalled: true, Attempts: res.Attempts}, fmt.Errorf("idemq: commit refused: %w", err), nil
+			return called, fmt.Errorf("idemq: commit refused: %w", err), nil
 		}
 		return Result{}, nil, fmt.Errorf("idemq: commit: %w", err)
 	}
@@ -170,8 +225,11 @@ func (s *Store) claimAndRun(ctx context.Context, msg *Message, sum []byte, keyID
 // claimAndRunIn claims msg in tx, decides, and runs h in tx when the record
 // must be processed; it marks SUCCEEDED, or the failure, but does not commit.
 // herr is set only when a handler failure could not be marked in tx (the
-// transaction is unusable): the caller must then roll back and markFailed in
-// a new transaction. On err the caller must roll back.
+// transaction is unusable), or is transient (FailureTransient: the whole
+// transaction must be retried): the caller must then roll back, and retry or
+// markFailed in a new transaction. On err the caller must roll back; an err
+// wrapping ErrOutcomeUnknown (ctx ended, connection lost while the handler
+// ran) comes with HandlerCalled set.
 //
 // optimistic inserts a new record as SUCCEEDED right away (one statement
 // less): only for a caller that commits only when the handler succeeded and
@@ -217,10 +275,17 @@ func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *Message, sum 
 		// swallowed an error and went on): that is a handler failure.
 		herr = fmt.Errorf("idemq: mark succeeded: %w", err)
 	}
-	if ctx.Err() != nil {
-		// A shutdown is not the message's fault: mark nothing; the caller
-		// rolls back and the broker redelivers.
-		return Result{}, nil, fmt.Errorf("idemq: handler interrupted: %w", errors.Join(ctx.Err(), herr))
+	switch handlerFailureClass(ctx, tx, herr) {
+	case FailureOutcomeUnknown:
+		// A shutdown, or the connection lost under the handler, is not the
+		// message's fault: mark nothing; the caller rolls back and the
+		// broker redelivers.
+		return called, nil, fmt.Errorf("%w: handler's transaction lost (shutdown or connection closed): %w", ErrOutcomeUnknown, errors.Join(ctx.Err(), herr))
+	case FailureTransient:
+		// A serialization failure or deadlock dooms the transaction (under
+		// serializable isolation a savepoint does not help): the caller
+		// retries it whole, counting nothing.
+		return called, herr, nil
 	}
 	if _, err := tx.Exec(ctx, "rollback to savepoint "+handlerSavepoint); err != nil {
 		return called, herr, nil // transaction unusable: the caller marks in a new one
@@ -321,16 +386,20 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte,
 // dead-letter reason used when retries are exhausted.
 func (s *Store) markFailed(ctx context.Context, msg *Message, sum []byte, keyID string, herr error, finalReason string) (Result, error) {
 	ctx = context.WithoutCancel(ctx) // the mark must land even during shutdown
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return Result{}, fmt.Errorf("idemq: begin mark failed: %w", err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	res, err := s.markFailedIn(ctx, tx, msg, sum, keyID, herr, finalReason)
-	if err != nil {
-		return Result{}, err
-	}
-	return res, commit(ctx, tx)
+	// A deadlock or serialization failure of the mark is retried at once;
+	// the mark counts its attempt only when it commits.
+	return retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "mark failed "+msg.Identity.String(), IsTransient, func() (Result, error) {
+		tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		if err != nil {
+			return Result{}, fmt.Errorf("idemq: begin mark failed: %w", err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		res, err := s.markFailedIn(ctx, tx, msg, sum, keyID, herr, finalReason)
+		if err != nil {
+			return Result{}, err
+		}
+		return res, commit(ctx, tx)
+	})
 }
 
 // markFailedIn is markFailed's work inside tx (no commit).

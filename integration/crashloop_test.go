@@ -378,11 +378,12 @@ func TestStartMarkerCountsRunsThatDied(t *testing.T) {
 
 // S17 with S18 on Postgres: the claim that finds the last attempt's lease
 // expired dead-letters the record, and the answer to its COMMIT is lost. The
-// store sends the claim again (resend.go); the resent claim finds the record
-// FAILED_FINAL under its own owner token and answers what the lost first run
-// did: the dead letter (acked, attempts_exhausted, Err wrapping
-// ErrExecutionLost, the ID of the one dead letter written), not a duplicate.
-// The dead owner's late completion is fenced.
+// store retries the claim, whose outcome is unknown (lease_unknown.go); the
+// retried claim finds the record FAILED_FINAL under its own owner token and
+// answers what the lost first run did: the dead letter (acked,
+// attempts_exhausted, Err wrapping ErrExecutionLost, the ID of the one dead
+// letter written), not a duplicate. The dead owner's late completion is
+// fenced.
 func TestS17LeaseCapClaimAnswerLost(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)

@@ -38,6 +38,7 @@
 //	S17 a message that kills its consumer: lease owners that die; atomic and batched          TestS17LeaseOwnersThatDieAreBounded, TestS17CrashLoopKafka, TestS17CrashLoopRocketMQ
 //	    modes with real SIGKILLs (Kafka, RocketMQ); the capping claim's answer lost (S18)    TestS17LeaseCapClaimAnswerLost
 //	S18 a reply lost and the call retried: every Redis script; Postgres lease claim and marks  TestS18RedisClaimReplyLost, TestRedisScriptRepliesLost, TestLeaseCallAnswersLost
+//	S19 one bad entry in a batch: a deferred constraint, a 40001 at COMMIT                   TestS19BadEntryNeverBlocksABatch
 //	S20 blank message IDs and business keys fall back to the position / none                 TestS20BlankMessageIDs, TestRocketMQS20BlankMessageIDProperty
 //
 // Beside them: the cost of start markers counted statement by statement
@@ -67,6 +68,14 @@
 // holds up no delivery (TestTracingExportNeverBlocksDeliveries); a hung
 // Redis under the Redis-only store ends a handler by its lease's clock
 // (TestRedisStoreRenewalFailsByTheLeaseClock).
+//
+// Failure classes: a COMMIT terminated by the server (57P01) in every
+// Postgres mode (TestOutcomeUnknownAtCommit,
+// TestKafkaOutcomeUnknownAtCommitRedelivered), a COMMIT that landed but whose
+// reply a TCP proxy lost (TestCommitReplyLost), serialization failures and
+// deadlocks retried without using an attempt
+// (TestTransientFailureCountsNoAttempt), and the handler's isolation level
+// with a real serializable write skew (TestHandlerIsolationLevel).
 //
 // The Redis-only store (dedup/redisstore) has its own set: 20 copies at once
 // (TestRedisStoreConcurrentCopiesApplyOnce); duplicates and conflicts by

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,8 +15,6 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisfast"
 	"github.com/idemq/idemq/dedup/redisstore"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -427,33 +423,10 @@ func waitLeaseGone(t *testing.T, s *redisstore.Store, messageID string) {
 }
 
 // proxiedLeaseStore is a Postgres store on e's schema whose pool reaches
-// Postgres through a faultProxy. The pool parses every statement anew
-// (pgx.QueryExecModeDescribeExec) so that its text is on the wire for the
-// proxy's predicates each time, not only the first time on a connection.
+// Postgres through a faultProxy (newPGProxy).
 func proxiedLeaseStore(t *testing.T, e *env, tweak func(*dedup.Config)) (*dedup.Store, *faultProxy) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(postgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-	p := newFaultProxy(t, target, framePG, pgReplyDone)
-	host, port, err := net.SplitHostPort(p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.ParseUint(port, 10, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = host, uint16(n), nil
-	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeDescribeExec
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	p, pool := newPGProxy(t, 4)
 	dc := dedup.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t)}
 	if tweak != nil {
 		tweak(&dc)
@@ -500,9 +473,12 @@ func pgCommitAfter(stmt func(string) bool) func([]byte) bool {
 			seen = true
 			return false
 		}
-		return seen && strings.EqualFold(strings.TrimSpace(pgSQL(req)), "commit")
+		return seen && pgIsCommit(req)
 	}
 }
+
+// pgIsCommit matches a COMMIT (pgx sends it in the simple protocol).
+func pgIsCommit(req []byte) bool { return strings.EqualFold(strings.TrimSpace(pgSQL(req)), "commit") }
 
 // Lease mode's statements (dedup/queries.go), by their text.
 var (
@@ -638,7 +614,7 @@ func TestRedisFastPathRememberReplyLost(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
 	prefix := randomName("fp-")
-	fp, err := redisfast.New(redisfast.Config{Client: c, Prefix: prefix, Timeout: 10 * time.Second})
+	fp, err := redisfast.New(redisfast.Config{Client: c, Prefix: prefix, Timeout: time.Second}) // the most New allows; the drop costs a reconnect, not a wait
 	if err != nil {
 		t.Fatal(err)
 	}

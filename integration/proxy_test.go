@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"net"
 	"strconv"
@@ -9,6 +10,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // faultProxy is a TCP proxy in front of a real server (Redis or Postgres)
@@ -57,6 +61,38 @@ func newFaultProxy(t testing.TB, target string, frame func([]byte) int, replyDon
 // newRedisProxy is a faultProxy in front of the test Redis.
 func newRedisProxy(t testing.TB) *faultProxy {
 	return newFaultProxy(t, redisAddress(t), frameRESP, func([]byte) bool { return true })
+}
+
+// newPGProxy is a faultProxy in front of the test Postgres, with a pool of
+// maxConns connections that reach Postgres through it. The pool parses every
+// statement anew (pgx.QueryExecModeDescribeExec) so that its text is on the
+// wire for the proxy's predicates each time, not only the first time on a
+// connection.
+func newPGProxy(t testing.TB, maxConns int32) (*faultProxy, *pgxpool.Pool) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(postgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	p := newFaultProxy(t, target, framePG, pgReplyDone)
+	host, port, err := net.SplitHostPort(p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = host, uint16(n), nil
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeDescribeExec
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return p, pool
 }
 
 // Addr is the proxy's address (host:port).

@@ -45,7 +45,7 @@ type Row struct {
 	// is failing now.
 	LastError string
 	// LastErrorAt is the database time of the most recent failed publish
-	// (nil when none, and for rows published before migration 003, which
+	// (nil when none, and for rows published before migration 002, which
 	// did not record it).
 	LastErrorAt *time.Time
 	// LastAttemptAt is the database time of the most recent recorded
@@ -170,7 +170,7 @@ type Stats struct {
 	PublishedAfterFailure int64
 	// LastErrorAt is the database time of the most recent failed publish
 	// among the rows not yet purged; zero when none (or only failures
-	// older than migration 003, which did not record it).
+	// older than migration 002, which did not record it).
 	LastErrorAt time.Time
 	// OldestPending is the age of the oldest pending row (database now()
 	// minus its created_at): the relay lag. Zero when nothing is pending.

@@ -26,6 +26,7 @@ const configDoc = "docs/configuration.md"
 var extraStructs = map[string]bool{
 	"dedup.FingerprintKey": true, // dedup.NewFingerprinter's keys (dedup.Config.Fingerprinter)
 	"outbox.Hooks":         true, // outbox.RelayConfig.Hooks
+	"dedup.RetryPolicy":    true, // dedup.Config.TransientRetry, OutcomeUnknownRetry
 }
 
 // skipDirs are directories whose packages are not part of the public API:

@@ -1,0 +1,52 @@
+package dedup
+
+import (
+	"context"
+)
+
+// rerunOneByOne is ProcessBatch's way out of a batch that cannot commit:
+// each message in its own transaction with Process's semantics (Reject for
+// bad input), in order, stopping after the first one that must be retried
+// later so that order holds. A message that made the batch fail is then
+// marked like any failing handler (its attempt counted, FAILED_FINAL and a
+// dead letter after MaxAttempts), and the others commit. An error on the
+// first message is returned as ProcessBatch's error (nothing is durable); on
+// a later one it becomes that message's Err with Outcome "" (see
+// ProcessBatch).
+func (s *Store) rerunOneByOne(ctx context.Context, msgs []*Message, fps []batchFP, h Handler, called []bool) ([]Result, error) {
+	results := make([]Result, len(msgs))
+	for i, m := range msgs {
+		var res Result
+		var err error
+		if fps[i].err != nil {
+			res, err = s.Reject(ctx, m, ReasonBadInput, fps[i].err)
+		} else {
+			res, err = s.Process(ctx, m, h)
+		}
+		res.HandlerCalled = res.HandlerCalled || called[i]
+		if err != nil {
+			if i == 0 {
+				out := calledResults(called)
+				out[0].HandlerCalled = res.HandlerCalled
+				return out, err
+			}
+			results[i] = Result{HandlerCalled: res.HandlerCalled, Err: err}
+			return results, nil
+		}
+		results[i] = res
+		if res.Outcome == OutcomeRetry {
+			break
+		}
+	}
+	return results, nil
+}
+
+// calledResults are the results of a batch that is not durable: only
+// HandlerCalled is set.
+func calledResults(called []bool) []Result {
+	out := make([]Result, len(called))
+	for i, c := range called {
+		out[i].HandlerCalled = c
+	}
+	return out
+}
