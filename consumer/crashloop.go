@@ -170,7 +170,7 @@ type laneSession struct {
 // cannot: a lane handed back above every offset this session saw, which the
 // lane's next owner ran meanwhile and may have died in; without a new
 // session those deliveries would run unmarked below the covered watermark.
-func (s *laneSession) received(off int64, lc context.Context) {
+func (s *laneSession) received(lc context.Context, off int64) {
 	if s == nil || !s.pull {
 		return
 	}

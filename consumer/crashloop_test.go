@@ -142,7 +142,7 @@ func TestCrashLoopFirstDeliveriesWriteOncePerWindow(t *testing.T) {
 	c := markerConsumer(t, st, Config{CrashLoop: CrashLoopConfig{Window: 10}})
 	sess := c.guard.pullSession("t/0")
 	for off := range int64(100) {
-		sess.received(off, nil)
+		sess.received(context.Background(), off)
 		if _, err := c.handle(context.Background(), laneDelivery(fmt.Sprint("m-", off), off), sess); err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +170,7 @@ func TestCrashLoopReplayMarksOnlyTheInFlightBudget(t *testing.T) {
 				if off < 10 {
 					id = fmt.Sprint("done-", off)
 				}
-				sess.received(off, nil)
+				sess.received(context.Background(), off)
 				res, err := c.handle(context.Background(), laneDelivery(id, off), sess)
 				if err != nil {
 					t.Fatal(err)
@@ -201,7 +201,7 @@ func TestCrashLoopRewindAndForeignWatermark(t *testing.T) {
 	sess := c.guard.pullSession("t/0")
 	run := func(off int64) {
 		t.Helper()
-		sess.received(off, nil)
+		sess.received(context.Background(), off)
 		if _, err := c.handle(context.Background(), laneDelivery(fmt.Sprint("m-", off), off), sess); err != nil {
 			t.Fatal(err)
 		}

@@ -126,7 +126,7 @@ func (c *Consumer) lane(ctx, work context.Context, ch <-chan Delivery, com *comm
 		if revoked {
 			continue // its lane was revoked (Revocable): dropped, left to the lane's next owner
 		}
-		sess.received(d.Offset, com.laneContext(d))
+		sess.received(com.laneContext(d), d.Offset)
 		res, err := c.handleInPlace(dctx, work, d, sess)
 		release()
 		if err != nil || !res.Outcome.Acked() {
@@ -154,7 +154,7 @@ func (c *Consumer) batchLane(ctx, work context.Context, ch <-chan Delivery, com 
 			if !ok {
 				return
 			}
-			sess.received(d.Offset, com.laneContext(d))
+			sess.received(com.laneContext(d), d.Offset)
 			pending = append(pending, d)
 		}
 		if open {
@@ -167,7 +167,7 @@ func (c *Consumer) batchLane(ctx, work context.Context, ch <-chan Delivery, com 
 						open = false
 						break fill
 					}
-					sess.received(d.Offset, com.laneContext(d))
+					sess.received(com.laneContext(d), d.Offset)
 					pending = append(pending, d)
 				case <-timer.C:
 					break fill
