@@ -73,9 +73,10 @@ test-postgres-oldest: ## integration tests on PostgreSQL 13, the oldest supporte
 	  exit $$rc
 
 .PHONY: bench
-bench: services-up ## benchmarks against ceilings measured in the same run: dedup overhead vs a plain transaction, Redis down vs Postgres only, the Redis-only store vs SET NX, relay vs a raw producer
+bench: services-up ## benchmarks against ceilings measured in the same run: dedup overhead vs a plain transaction, crash-loop markers on vs off, Redis down vs Postgres only, the Redis-only store vs SET NX, relay vs a raw producer
 	$(ENV); cd integration && \
 	  $(GO) test -run '^$$' -bench DedupOverhead -benchtime 2000x -count 1 . && \
+	  $(GO) test -run '^$$' -bench CrashLoopOverhead -benchtime 2000x -count 1 . && \
 	  $(GO) test -run '^$$' -bench FastPathRedisDown -benchtime 4000x -count 1 . && \
 	  $(GO) test -run '^$$' -bench RedisStoreOverhead -benchtime 5000x -count 1 . && \
 	  $(GO) test -run '^$$' -bench RelayThroughput -benchtime 3x -count 1 .

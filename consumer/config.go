@@ -106,6 +106,10 @@ type Config struct {
 	// ShutdownGrace is how long in-flight handlers may run after Run's
 	// context ends. Default 10s.
 	ShutdownGrace time.Duration
+	// CrashLoop bounds a message whose handler kills the process (atomic
+	// and batched modes): lane watermarks and start markers, on by default
+	// (Window 1000). See CrashLoopConfig and the package doc, "Crash loops".
+	CrashLoop CrashLoopConfig
 	// Metrics receives one call per delivery outcome. Default: none.
 	Metrics Metrics
 	// TracerProvider makes one OpenTelemetry span per delivery ("idemq
@@ -153,6 +157,7 @@ func (c Config) withDefaults() Config {
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 10 * time.Second
 	}
+	c.CrashLoop = c.CrashLoop.withDefaults()
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}
 	}
@@ -195,5 +200,5 @@ func (c Config) validate() error {
 	case c.ShutdownGrace < 0:
 		return fmt.Errorf("%w: ShutdownGrace %s must not be negative", ErrInvalidConfig, c.ShutdownGrace)
 	}
-	return nil
+	return c.CrashLoop.validate()
 }

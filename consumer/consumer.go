@@ -55,6 +55,7 @@ type Consumer struct {
 	cfg    Config
 	log    *slog.Logger
 	tracer trace.Tracer
+	guard  *crashGuard // nil: no start markers (crashloop.go)
 }
 
 // New validates cfg and returns a Consumer. Errors wrap ErrInvalidConfig.
@@ -63,7 +64,8 @@ func New(cfg Config) (*Consumer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Consumer{cfg: cfg, log: cfg.Logger.With("scope", cfg.Scope),
+	log := cfg.Logger.With("scope", cfg.Scope)
+	return &Consumer{cfg: cfg, log: log, guard: newCrashGuard(cfg, log),
 		tracer: cfg.TracerProvider.Tracer("github.com/idemq/idemq/consumer")}, nil
 }
 
@@ -76,7 +78,15 @@ func (c *Consumer) Config() Config { return c.cfg }
 // outcome could not be recorded, or is not known to be (database down, ctx
 // ended, the connection lost or terminated at COMMIT: dedup.ErrOutcomeUnknown):
 // do not ack; nothing was counted, and the next copy finds the truth.
+//
+// In atomic mode a delivery with a Lane runs under the crash-loop guard of
+// that lane (Config.CrashLoop, push mode: see the package doc).
 func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error) {
+	return c.handle(ctx, d, c.guard.pushSession(d.Lane))
+}
+
+// handle is Handle within the crash-loop session sess of d's lane (nil: none).
+func (c *Consumer) handle(ctx context.Context, d Delivery, sess *laneSession) (dedup.Result, error) {
 	msg, reject, err := c.prepare(d)
 	if err != nil {
 		return dedup.Result{}, err
@@ -91,7 +101,7 @@ func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error)
 	case c.cfg.LeaseHandler != nil:
 		res, err = c.cfg.Store.ProcessLeased(ctx, msg, c.cfg.LeaseHandler, c.cfg.Lease)
 	default:
-		res, err = c.cfg.Store.(TxStore).Process(ctx, msg, c.cfg.Handler)
+		res, err = c.process(ctx, msg, d, sess)
 	}
 	endSpan(span, res, err)
 	if err != nil {
@@ -267,15 +277,16 @@ func (c *Consumer) report(msg *dedup.Message, res dedup.Result) {
 // infrastructure error (nothing recorded; retried until ctx ends). It returns
 // an error only when ctx ends first; the delivery must then not be acked.
 func (c *Consumer) HandleInPlace(ctx context.Context, d Delivery) (dedup.Result, error) {
-	return c.handleInPlace(ctx, ctx, d)
+	return c.handleInPlace(ctx, ctx, d, c.guard.pushSession(d.Lane))
 }
 
-// handleInPlace runs attempts under work (the handler's context) and stops
-// retrying as soon as ctx ends.
-func (c *Consumer) handleInPlace(ctx, work context.Context, d Delivery) (dedup.Result, error) {
+// handleInPlace runs attempts under work (the handler's context), within the
+// crash-loop session sess (nil: none), and stops retrying as soon as ctx
+// ends.
+func (c *Consumer) handleInPlace(ctx, work context.Context, d Delivery, sess *laneSession) (dedup.Result, error) {
 	b := c.newBackoff()
 	for {
-		res, err := c.Handle(work, d)
+		res, err := c.handle(work, d, sess)
 		if err == nil && res.Outcome.Acked() {
 			return res, nil
 		}

@@ -40,6 +40,41 @@
 // Config.LeaseHandler only (atomic modes need a TxStore: a Postgres
 // transaction to join).
 //
+// # Crash loops
+//
+// A handler that kills the process leaves no trace in atomic and batched
+// modes, so without help its message would be redelivered to every restart.
+// Config.CrashLoop bounds it to dedup.Config.MaxAttempts starts (the design
+// and its measured cost are in the dedup package documentation, "Crash
+// loops"); it is on by default with a *dedup.Store (any StartMarker) and
+// costs a first delivery one watermark upsert per Window+1 offsets of its
+// lane. The runtime's part:
+//
+//   - Before a lane runs a handler at an offset its stored watermark does not
+//     cover, it raises the watermark to that offset plus CrashLoop.Window.
+//   - A lane session (a pull lane in Run from its first delivery, after the
+//     broker hands the lane back from an older offset, or, with a Revocable
+//     source, after the lane was revoked and assigned again; a push lane for
+//     the Consumer's life) starts by learning the watermark W earlier
+//     processes left. Its deliveries at or below W may replay a crash: one
+//     read (dedup.Store.CheckReplay) answers those already final, as
+//     duplicates; the first InFlight ones that are not (BatchSize in Run,
+//     CrashLoop.InFlight in Handle) each run after a start marker
+//     (dedup.Store.MarkStart), one at a time across the Consumer, and in
+//     batched mode alone before the batch. A marker that finds the attempts
+//     used up by runs that died returns a dead letter without running the
+//     handler (OutcomeDeadLetter, acked), and the lane moves on.
+//   - A watermark found above what the session wrote means that another
+//     process ran the lane meanwhile: the deliveries below it are suspects
+//     again.
+//   - A revoked lane's deliveries are dropped before any watermark, check or
+//     marker work (Revocable), also those waiting behind a marked run in
+//     batched mode.
+//
+// Deliveries without a Lane (Handle called directly without one) are not
+// guarded. Lease mode needs none of this: its claim counts every start, and
+// a takeover at the last attempt dead-letters.
+//
 // # Shutdown
 //
 // When Run's context ends, fetching stops, in-flight handlers get up to

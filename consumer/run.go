@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/grace"
 )
 
@@ -53,7 +54,8 @@ func (c *Consumer) Run(parent context.Context, src Source) error {
 			ch = make(chan Delivery, c.cfg.LaneBuffer)
 			lanes[d.Lane] = ch
 			wg.Add(1)
-			go func() { defer wg.Done(); c.lane(ctx, work, ch, com) }()
+			sess := c.guard.pullSession(d.Lane)
+			go func() { defer wg.Done(); c.lane(ctx, work, ch, com, sess) }()
 		}
 		select {
 		case ch <- d:
@@ -103,16 +105,17 @@ func (c *Consumer) checkHorizon(ctx context.Context, src Source) error {
 	return nil
 }
 
-// lane handles one lane's deliveries in order. After ctx ends it finishes
-// the delivery (or batch) in hand (bounded by work) and drops the queued
-// ones, which stay uncommitted and are redelivered.
-func (c *Consumer) lane(ctx, work context.Context, ch <-chan Delivery, com *committer) {
+// lane handles one lane's deliveries in order, within its crash-loop
+// session sess (nil: none). After ctx ends it finishes the delivery (or
+// batch) in hand (bounded by work) and drops the queued ones, which stay
+// uncommitted and are redelivered.
+func (c *Consumer) lane(ctx, work context.Context, ch <-chan Delivery, com *committer, sess *laneSession) {
 	defer func() {
 		for range ch { // drop what is queued; it stays uncommitted
 		}
 	}()
 	if c.cfg.BatchSize > 1 {
-		c.batchLane(ctx, work, ch, com)
+		c.batchLane(ctx, work, ch, com, sess)
 		return
 	}
 	for d := range ch {
@@ -123,7 +126,8 @@ func (c *Consumer) lane(ctx, work context.Context, ch <-chan Delivery, com *comm
 		if revoked {
 			continue // its lane was revoked (Revocable): dropped, left to the lane's next owner
 		}
-		res, err := c.handleInPlace(dctx, work, d)
+		sess.received(com.laneContext(d), d.Offset)
+		res, err := c.handleInPlace(dctx, work, d, sess)
 		release()
 		if err != nil || !res.Outcome.Acked() {
 			if ctx.Err() == nil && com.revoked(d) {
@@ -138,8 +142,9 @@ func (c *Consumer) lane(ctx, work context.Context, ch <-chan Delivery, com *comm
 // batchLane is lane in batched atomic mode: up to BatchSize deliveries,
 // gathered for at most BatchWait, per transaction. The acked prefix of each
 // batch is committed; the rest (from the first retry on) is retried with
-// backoff, ahead of newer deliveries.
-func (c *Consumer) batchLane(ctx, work context.Context, ch <-chan Delivery, com *committer) {
+// backoff, ahead of newer deliveries. Deliveries that may replay a crash run
+// one at a time first (runReplays).
+func (c *Consumer) batchLane(ctx, work context.Context, ch <-chan Delivery, com *committer, sess *laneSession) {
 	var pending []Delivery
 	b := c.newBackoff()
 	open := true
@@ -149,6 +154,7 @@ func (c *Consumer) batchLane(ctx, work context.Context, ch <-chan Delivery, com 
 			if !ok {
 				return
 			}
+			sess.received(com.laneContext(d), d.Offset)
 			pending = append(pending, d)
 		}
 		if open {
@@ -161,6 +167,7 @@ func (c *Consumer) batchLane(ctx, work context.Context, ch <-chan Delivery, com 
 						open = false
 						break fill
 					}
+					sess.received(com.laneContext(d), d.Offset)
 					pending = append(pending, d)
 				case <-timer.C:
 					break fill
@@ -175,7 +182,25 @@ func (c *Consumer) batchLane(ctx, work context.Context, ch <-chan Delivery, com 
 		if ctx.Err() != nil {
 			return
 		}
-		results, err := c.HandleBatch(work, pending)
+		n, err := c.runReplays(ctx, work, pending, com, sess)
+		pending = pending[n:]
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errLaneRevoked) {
+			continue // com.live drops the revoked deliveries
+		}
+		if err == nil && len(pending) == 0 {
+			b.Reset()
+			if !open {
+				return
+			}
+			continue
+		}
+		var results []dedup.Result
+		if err == nil {
+			results, err = c.HandleBatch(work, pending)
+		}
 		k := 0
 		if err == nil {
 			for k < len(results) && results[k].Outcome != "" && results[k].Outcome.Acked() {

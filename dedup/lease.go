@@ -129,6 +129,15 @@ var ErrLeaseHeld = errors.New("idemq: a live lease is held by another owner")
 
 // ProcessLeased runs h for msg in lease mode (see the Lease type). Results
 // and errors mean what they mean for Process, plus OutcomeFenced.
+//
+// A copy that finds an expired lease takes over and counts an attempt, unless
+// the dead owner held the last one (attempts = Config.MaxAttempts): the
+// record then becomes FAILED_FINAL with a dead letter (ReasonAttemptsExhausted,
+// Result.Err wrapping ErrExecutionLost), the handler does not run and the
+// delivery is acked, so a message that kills every owner starts at most
+// MaxAttempts executions. The Redis-only store applies the same rule. Such a
+// claim, sent again because its answer was lost, answers the same dead
+// letter (the record keeps the claim's owner token).
 func (s *Store) ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler, opt LeaseOptions) (Result, error) {
 	if msg == nil || h == nil {
 		return Result{}, errors.New("idemq: ProcessLeased: nil message or handler")
@@ -315,6 +324,17 @@ func (s *Store) claimLease(ctx context.Context, msg *Message, sum []byte, keyID 
 			if live {
 				res.Outcome, res.Err = OutcomeRetry, ErrLeaseHeld
 				return lease, 0, res, nil
+			}
+			if rec.attempts >= s.cfg.MaxAttempts {
+				// The owner of the last allowed attempt died (or stalled)
+				// without an outcome: final, so a message that kills its
+				// consumer cannot loop (the Redis-only store's rule). A
+				// FAILED_RETRYABLE record at the limit was re-driven: it runs.
+				res, err := s.exhaustLostExecution(ctx, tx, msg, sum, rec, res.MatchedBy, rec.attempts, leaseLost(rec.attempts), &lease.OwnerToken)
+				if err != nil {
+					return lease, 0, Result{}, err
+				}
+				return lease, 0, res, commit(ctx, tx)
 			}
 			run = true // expired lease: take over
 		}

@@ -37,7 +37,10 @@ import (
 //   - before claiming again, a claim looks for the claims of its own whose
 //     answers were lost, by owner token (ownClaim): one that committed is
 //     this caller's lease, and the handler runs under it at the attempt it
-//     counted.
+//     counted. One that committed a dead letter instead (it found the last
+//     attempt's lease expired: ErrExecutionLost) left its token on the
+//     FAILED_FINAL record, and the claim answers that dead letter again
+//     (ownExhaust).
 //
 // When the retries are used up the error wraps ErrOutcomeUnknown: the
 // delivery is not acked, and a claim that committed unseen expires after its
@@ -81,6 +84,12 @@ func (s *Store) claimLeaseRetrying(ctx context.Context, msg *Message, sum []byte
 		switch {
 		case IsOutcomeUnknown(err):
 			lost = append(lost, c.lease.OwnerToken)
+		case err == nil && c.rowID == 0 && len(lost) > 0 && c.res.Outcome == OutcomeDuplicate && c.res.Status == StatusFailedFinal:
+			// A lost claim may have dead-lettered the record at the last
+			// attempt's expired lease (crashloop.go).
+			if dl, ok, ferr := s.ownExhaust(ctx, msg, sum, lost, c.res); ferr == nil && ok {
+				return claimed{lease: c.lease, res: dl}, nil
+			}
 		case err == nil && c.rowID == 0 && len(lost) > 0 && errors.Is(c.res.Err, ErrLeaseHeld):
 			if own, ownRow, ferr := s.ownClaim(ctx, msg.Identity, lost, ttl); ferr == nil && ownRow != 0 {
 				return claimed{lease: own, rowID: ownRow}, nil

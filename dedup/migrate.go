@@ -41,6 +41,7 @@ func (s *Store) templateData() map[string]any {
 		"records_expires_idx":      ident(r + "_expires_idx"),
 		"dead_letters_live_key":    ident(d + "_live_key"),
 		"dead_letters_created_idx": ident(d + "_created_idx"),
+		"lane_watermarks":          s.LaneWatermarksTable(),
 		"redrives":                 s.redrivesTable(),
 		"redrives_dead_letter_key": ident(d + "_redrives_dl_key"),
 	}

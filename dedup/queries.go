@@ -15,6 +15,8 @@ type queries struct {
 	insertSQL, lockSQL, reclaimSQL, succeededSQL, failedSQL, deadLetterSQL string
 
 	leaseInsertSQL, leaseLockSQL, leaseTakeSQL, leaseBeatSQL, leaseDoneSQL, leaseFailSQL, leaseReleaseSQL string
+
+	crash crashLoopQueries // crashloop.go
 }
 
 func newQueries(cfg Config) queries {
@@ -60,6 +62,7 @@ values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 on conflict (scope, message_id, reason, (coalesce(fingerprint, ''::bytea))) where redriven_at is null do nothing
 returning id`
 	q.leaseSQL()
+	q.crash = newCrashLoopQueries(&q, pgx.Identifier{cfg.Schema, cfg.RecordsTable + laneWatermarksSuffix}.Sanitize())
 	return q
 }
 
@@ -247,6 +250,11 @@ func (q *queries) updateFailed(ctx context.Context, tx pgx.Tx, rowID int64, stat
 }
 
 func (q *queries) insertDeadLetter(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, reason string, cause error, attempts, maxErr int) (int64, error) {
+	return q.insertDeadLetterClass(ctx, tx, msg, sum, reason, cause, ErrorClass(cause), attempts, maxErr)
+}
+
+// insertDeadLetterClass is insertDeadLetter with the error class given.
+func (q *queries) insertDeadLetterClass(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, reason string, cause error, class string, attempts, maxErr int) (int64, error) {
 	id := msg.Identity
 	headers := make(map[string]string, len(msg.Headers))
 	for k, v := range msg.Headers {
@@ -254,7 +262,7 @@ func (q *queries) insertDeadLetter(ctx context.Context, tx pgx.Tx, msg *Message,
 	}
 	var dlID int64
 	err := tx.QueryRow(ctx, q.deadLetterSQL, id.Scope, id.MessageID, id.BusinessKey, reason,
-		clip(cause.Error(), maxErr), ErrorClass(cause), sum, attempts, clip(msg.Topic, 1024), msg.Key,
+		clip(cause.Error(), maxErr), class, sum, attempts, clip(msg.Topic, 1024), msg.Key,
 		headers, msg.Payload, clip(msg.Source, 1024)).Scan(&dlID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil

@@ -35,12 +35,17 @@
 //	S14 clock skew: leases and retention in database time                                   TestS14ClockSkewUsesDatabaseTime
 //	S15 a duplicate input publishes nothing new                                             TestOutboxS15DuplicateInputPublishesNothingNew
 //	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
+//	S17 a message that kills its consumer: lease owners that die; atomic and batched          TestS17LeaseOwnersThatDieAreBounded, TestS17CrashLoopKafka, TestS17CrashLoopRocketMQ
+//	    modes with real SIGKILLs (Kafka, RocketMQ); the capping claim's answer lost (S18)    TestS17LeaseCapClaimAnswerLost
 //	S18 a reply lost and the call retried: every Redis script; Postgres lease claim and marks  TestS18RedisClaimReplyLost, TestRedisScriptRepliesLost, TestLeaseCallAnswersLost
 //	S19 one bad entry in a batch: a deferred constraint, a 40001 at COMMIT                   TestS19BadEntryNeverBlocksABatch
 //	S20 blank message IDs and business keys fall back to the position / none                 TestS20BlankMessageIDs, TestRocketMQS20BlankMessageIDProperty
 //
-// Beside them: many copies at once (TestConcurrentCopiesApplyOnce), real
-// process kills mid-stream (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
+// Beside them: the cost of start markers counted statement by statement
+// (TestCrashLoopMarkersCostNothingOnFirstDeliveries) and their rules on
+// Postgres (TestStartMarkerCountsRunsThatDied); many copies at once
+// (TestConcurrentCopiesApplyOnce), real process kills mid-stream
+// (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
 // TestRocketMQTwoProcessesKillMidRun), generation-fenced Kafka commits: a
 // rebalance while a consumer holds fetched deliveries never moves a group
 // offset back, in every mode (TestKafkaGenerationFencedCommits), bad input

@@ -56,7 +56,12 @@ func dockerAvailable() bool {
 
 // TestMain terminates the containers that the tests started (see service):
 // they are shared by the package's tests, so they live until m.Run returns.
+// Run with crashChildEnv set, the test binary is instead a child consumer
+// process of the S17 tests (crashloop_process_test.go).
 func TestMain(m *testing.M) {
+	if os.Getenv(crashChildEnv) != "" {
+		os.Exit(crashChildMain())
+	}
 	code := m.Run()
 	if err := started.terminate(); err != nil {
 		fmt.Fprintln(os.Stderr, "integration: terminating the test containers:", err)

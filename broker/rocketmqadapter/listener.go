@@ -46,7 +46,10 @@ type Config struct {
 	// is retried in place with RetryInitial/RetryMax backoff so it never
 	// reaches %DLQ% before its outcome is durable. The other pull-mode fields
 	// (CommitEvery, CommitInterval, LaneBuffer, BatchWait) are ignored and
-	// BatchSize must stay 1 (use BatchMaxSize).
+	// BatchSize must stay 1 (use BatchMaxSize). CrashLoop bounds a message
+	// that kills the process (a lane is a queue, its offsets the queue
+	// offsets); CrashLoop.InFlight defaults to ConsumeGoroutines ×
+	// BatchMaxSize.
 	Consumer consumer.Config
 
 	// NameServers are the NameServer addresses ("127.0.0.1:9876"), resolved
@@ -224,6 +227,11 @@ func NewListener(cfg Config) (*Listener, error) {
 		return nil, fmt.Errorf("idemq/rocketmqadapter: %w (MaxReconsumeTimes %d, ConsumeTimeout %s)", err, cfg.MaxReconsumeTimes, cfg.ConsumeTimeout)
 	}
 	cc := cfg.Consumer
+	if cc.CrashLoop.InFlight == 0 {
+		// At most this many listener calls' messages run at once, so at most
+		// this many of a queue can have been running when a process died.
+		cc.CrashLoop.InFlight = cfg.ConsumeGoroutines * cfg.BatchMaxSize
+	}
 	if cc.BatchSize > 1 {
 		return nil, fmt.Errorf("%w: Consumer.BatchSize %d is for pull consumers (Kafka); RocketMQ batches come from BatchMaxSize", ErrInvalidConfig, cc.BatchSize)
 	}

@@ -172,7 +172,8 @@ func (k keys) bkOrRecord(bk, rec string) string {
 // (its owner died), is taken over: attempts and fence grow by one and the
 // owner token rotates; when the dead owner had used the last attempt the
 // record becomes FAILED_FINAL with a dead letter instead
-// (dedup.ReasonAttemptsExhausted).
+// (dedup.ReasonAttemptsExhausted, Result.Err wrapping dedup.ErrExecutionLost),
+// as dedup.Store.ProcessLeased does.
 //
 // While h runs, a watchdog renews the lease every opt.Heartbeat; if it finds
 // another owner it cancels h's context with dedup.ErrFenced, and if no
@@ -289,7 +290,7 @@ func claimReply(id dedup.Identity, recMID string, token uuid.UUID, v []any) (*cl
 	case "EXHAUSTED":
 		return nil, dedup.Result{Outcome: dedup.OutcomeDeadLetter, Status: dedup.StatusFailedFinal, Attempts: int(num(v, 1)),
 			MatchedBy: dedup.MatchedBy(str(v, 2)), DeadLetterID: streamID(str(v, 3)), Reason: dedup.ReasonAttemptsExhausted,
-			Err: fmt.Errorf("idemq/redisstore: %s: attempts exhausted: the last execution never reported an outcome", id)}, nil
+			Err: fmt.Errorf("idemq/redisstore: %s: attempts exhausted: %w (the lease of the last attempt expired)", id, dedup.ErrExecutionLost)}, nil
 	}
 	res := dedup.Result{Status: dedup.Status(str(v, 1)), Attempts: int(num(v, 2)), MatchedBy: dedup.MatchedBy(str(v, 3))}
 	switch str(v, 0) {

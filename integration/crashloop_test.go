@@ -1,0 +1,427 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/redisstore"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// S17: messages that kill their consumer. Lease mode here; atomic and
+// batched modes with real processes in crashloop_process_test.go.
+
+// adminStore is a consumer.Store with the operator's reads and re-drive:
+// *dedup.Store and *redisstore.Store.
+type adminStore interface {
+	consumer.Store
+	Lookup(ctx context.Context, scope, messageID string) (dedup.Record, error)
+	DeadLetters(ctx context.Context, scope string, afterID int64, limit int) ([]dedup.DeadLetter, error)
+	Redrive(ctx context.Context, scope, messageID string) error
+}
+
+// S17, lease mode, on the Postgres store and on the Redis-only store:
+// MaxAttempts 2, lease TTL 1 s, heartbeat off. ingest/big-77 is claimed by
+// two copies in turn; each owner dies (never returns) and its lease expires.
+// The third copy does not run the handler: the record is FAILED_FINAL with
+// attempts 2 and one dead letter attempts_exhausted, and the delivery is
+// acked. Handler starts never exceed MaxAttempts. A re-drive then allows one
+// more execution.
+func TestS17LeaseOwnersThatDieAreBounded(t *testing.T) {
+	t.Parallel()
+	stores := map[string]func(t *testing.T) adminStore{
+		"postgres": func(t *testing.T) adminStore {
+			return setup(t, func(c *dedup.Config) { c.MaxAttempts = 2 }).store
+		},
+		"redis-only": func(t *testing.T) adminStore {
+			return newRedisStore(t, func(c *redisstore.Config) { c.MaxAttempts = 2 })
+		},
+	}
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			st := newStore(t)
+			testS17Lease(t, st)
+		})
+	}
+}
+
+func testS17Lease(t *testing.T, st adminStore) {
+	ctx := context.Background()
+	const scope, id = "ingest", "ingest/big-77"
+	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1}
+	// Dead owners never return while the test runs; they are released (and
+	// fenced) at its end, before the store's tables go away.
+	release := make(chan struct{})
+	var owners sync.WaitGroup
+	t.Cleanup(func() { close(release); owners.Wait() })
+	var starts atomic.Int32
+	started := make(chan int, 2)
+	die := func(_ context.Context, m *dedup.Message) error {
+		starts.Add(1)
+		started <- m.Attempt
+		<-release
+		return nil
+	}
+	for copyNo := 1; copyNo <= 2; copyNo++ {
+		owners.Add(1)
+		go func() {
+			defer owners.Done()
+			_, _ = st.ProcessLeased(ctx, msg(t, scope, id, "", "big"), die, opt)
+		}()
+		select {
+		case a := <-started:
+			if a != copyNo {
+				t.Fatalf("copy %d ran attempt %d", copyNo, a)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("copy %d did not take over the expired lease", copyNo)
+		}
+		// The owner "dies" holding the lease (no heartbeat): its lease ends
+		// TTL after the claim, in the store's own time.
+		time.Sleep(opt.TTL + 500*time.Millisecond)
+	}
+
+	third, err := st.ProcessLeased(ctx, msg(t, scope, id, "", "big"), func(context.Context, *dedup.Message) error {
+		starts.Add(1)
+		return errors.New("the third copy must not run the handler")
+	}, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if third.Outcome != dedup.OutcomeDeadLetter || !third.Outcome.Acked() || third.HandlerCalled || third.Attempts != 2 ||
+		third.Status != dedup.StatusFailedFinal || third.DeadLetterID == 0 || !errors.Is(third.Err, dedup.ErrExecutionLost) {
+		t.Fatalf("third copy: %+v; want an acked dead letter, handler not run, attempts 2, Err wrapping ErrExecutionLost", third)
+	}
+	if n := starts.Load(); n != 2 {
+		t.Fatalf("handler starts = %d, want MaxAttempts (2)", n)
+	}
+	rec, err := st.Lookup(ctx, scope, id)
+	if err != nil || rec.Status != dedup.StatusFailedFinal || rec.Attempts != 2 || rec.LastErrorClass != "attempts_exhausted" {
+		t.Fatalf("record = %+v, %v; want FAILED_FINAL attempts 2 class attempts_exhausted", rec, err)
+	}
+	dls, err := st.DeadLetters(ctx, scope, 0, 10)
+	if err != nil || len(dls) != 1 || dls[0].Reason != dedup.ReasonAttemptsExhausted || dls[0].MessageID != id || dls[0].Attempts != 2 ||
+		string(dls[0].Payload) != "big" {
+		t.Fatalf("dead letters = %+v, %v; want one attempts_exhausted with attempts 2 and the payload", dls, err)
+	}
+	// A later copy is a duplicate; a re-drive allows one more execution.
+	again, err := st.ProcessLeased(ctx, msg(t, scope, id, "", "big"), func(context.Context, *dedup.Message) error {
+		return errors.New("a copy of a dead letter must not run")
+	}, opt)
+	if err != nil || again.Outcome != dedup.OutcomeDuplicate {
+		t.Fatalf("copy after the dead letter: %+v %v", again, err)
+	}
+	if err := st.Redrive(ctx, scope, id); err != nil {
+		t.Fatal(err)
+	}
+	redriven, err := st.ProcessLeased(ctx, msg(t, scope, id, "", "big"), func(context.Context, *dedup.Message) error { return nil }, opt)
+	if err != nil || redriven.Outcome != dedup.OutcomeProcessed || redriven.Attempts != 3 {
+		t.Fatalf("copy after a re-drive: %+v %v; want processed at attempt 3", redriven, err)
+	}
+}
+
+// stmtCounter is a pgx tracer counting the statements (batched ones too)
+// whose SQL contains each of a few markers.
+type stmtCounter struct {
+	mu     sync.Mutex
+	counts map[string]int
+	marks  []string
+}
+
+func newStmtCounter(marks ...string) *stmtCounter {
+	return &stmtCounter{counts: map[string]int{}, marks: marks}
+}
+
+func (s *stmtCounter) note(sql string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range s.marks {
+		if strings.Contains(sql, m) {
+			s.counts[m]++
+		}
+	}
+}
+
+func (s *stmtCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.note(d.SQL)
+	return ctx
+}
+
+func (s *stmtCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (s *stmtCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (s *stmtCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	s.note(d.SQL)
+}
+
+func (s *stmtCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func (s *stmtCounter) count(mark string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counts[mark]
+}
+
+func (s *stmtCounter) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.counts = map[string]int{}
+}
+
+// Markers of the crash-loop statements, for stmtCounter.
+const (
+	sqlWatermark = "_lane_watermarks"                                   // AdvanceLaneWatermark
+	sqlMarkStart = "values ($1, $2, $3, $4, $5, 'FAILED_RETRYABLE', 0," // MarkStart (its first statement)
+	sqlStartMark = "start_mark"                                         // any statement of MarkStart or ClearStart
+	sqlPeek      = "select message_id, fingerprint, fingerprint_key_id, status, attempts\nfrom"
+)
+
+// tracedStore is a store on e's schema whose statements stmtCounter counts.
+func tracedStore(t *testing.T, e *env, counter *stmtCounter) *dedup.Store {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(postgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = counter
+	cfg.MaxConns = 8
+	p, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	st, err := dedup.NewStore(p, e.store.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// The cost of start markers, counted in statements on a real Kafka lane
+// (CrashLoop.Window 10). First deliveries (95 messages, no restart): no
+// start marker, no replay check, and a watermark write at most once per 11
+// offsets (9 for offsets 0–94). Then the lane restarts (a new consumer
+// group with the same scope replays the partition from offset 0, with 5 new
+// messages at offsets 95–99): the 95 final ones are answered by one read
+// each without a transaction or a handler run, the first new one below the
+// watermark (95) is the only one marked, and those after it run as first
+// deliveries.
+func TestCrashLoopMarkersCostNothingOnFirstDeliveries(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	a := newApplier(e.appliesTable())
+	counter := newStmtCounter(sqlWatermark, sqlMarkStart, sqlStartMark, sqlPeek)
+	st := tracedStore(t, e, counter)
+	topic, scope := newTopic(t, 1), randomName("s-")
+	produce(t, topic, s17Messages(95)...)
+	cfg := consumer.Config{Scope: scope, Store: st, Handler: a.handler(), CrashLoop: consumer.CrashLoopConfig{Window: 10}}
+
+	group := randomName("g-")
+	first := startConsumer(t, cfg, newSpySource(t, group, topic))
+	waitCaughtUp(t, group, topic)
+	first.stop(t)
+	if w := counter.count(sqlWatermark); w < 1 || w > 9 {
+		t.Errorf("first deliveries of offsets 0–94: %d watermark writes, want 1 to 9 (at most one per Window+1 offsets)", w)
+	}
+	if n := counter.count(sqlStartMark) + counter.count(sqlPeek); n != 0 {
+		t.Errorf("first deliveries: %d start-marker or replay-check statements, want 0", n)
+	}
+	if n := e.count(`select count(*) from ` + e.table("consumption_records") + ` where start_mark is not null`); n != 0 {
+		t.Errorf("records with a start marker after first deliveries = %d, want 0", n)
+	}
+	if a.total() != 95 {
+		t.Fatalf("handler calls = %d, want 95", a.total())
+	}
+
+	counter.reset()
+	produce(t, topic, kmsg{id: "new-95", payload: "new"}, kmsg{id: "new-96", payload: "new"}, kmsg{id: "new-97", payload: "new"},
+		kmsg{id: "new-98", payload: "new"}, kmsg{id: "new-99", payload: "new"})
+	metrics := &consumer.Counters{}
+	cfg.Metrics = metrics
+	replay := randomName("g-")
+	second := startConsumer(t, cfg, newSpySource(t, replay, topic))
+	waitCaughtUp(t, replay, topic)
+	second.stop(t)
+	if n := counter.count(sqlPeek); n != 96 {
+		t.Errorf("replay checks after the restart = %d, want 96 (95 final, then the first new delivery)", n)
+	}
+	if n := counter.count(sqlMarkStart); n != 1 {
+		t.Errorf("start markers after the restart = %d, want 1 (the first delivery without a final record)", n)
+	}
+	if w := counter.count(sqlWatermark); w != 2 {
+		t.Errorf("watermark writes after the restart = %d, want 2 (at the start, and at offset 99 above the watermark 98)", w)
+	}
+	if d, p := metrics.Get("duplicate"), metrics.Get("processed"); d != 95 || p != 5 || a.total() != 100 {
+		t.Errorf("after the restart: %d duplicates, %d processed, %d handler calls in all; want 95, 5, 100", d, p, a.total())
+	}
+	if n := e.count(`select count(*) from ` + e.table("consumption_records") + ` where status = 'SUCCEEDED' and attempts = 1`); n != 100 {
+		t.Errorf("SUCCEEDED records with attempts 1 = %d, want 100", n)
+	}
+}
+
+// Store.MarkStart against Postgres, with deaths simulated by a marker that
+// is never followed by the run's transaction (as when the process dies
+// inside the handler: Postgres rolls the claim back). MaxAttempts 3.
+func TestStartMarkerCountsRunsThatDied(t *testing.T) {
+	t.Parallel()
+	e := setup(t, func(c *dedup.Config) { c.MaxAttempts = 3 })
+	ctx := e.ctx
+	const scope = "ingest"
+	mark := func(id, bk, payload string) dedup.StartMark {
+		t.Helper()
+		m, err := e.store.MarkStart(ctx, msg(t, scope, id, bk, payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	ok := func(context.Context, pgx.Tx, *dedup.Message) error { return nil }
+	fail := func(context.Context, pgx.Tx, *dedup.Message) error { return errors.New("transient") }
+
+	// A new identity: a FAILED_RETRYABLE record with no attempt, marked.
+	if m := mark("big-1", "", "p"); !m.Run {
+		t.Fatalf("first marker: %+v", m)
+	}
+	if r := e.record(scope, "big-1"); r.Status != dedup.StatusFailedRetryable || r.Attempts != 0 {
+		t.Fatalf("after the first marker: %+v", r)
+	}
+	// The run died: the next marker counts it (attempt 1), class process_died.
+	if m := mark("big-1", "", "p"); !m.Run {
+		t.Fatalf("second marker: %+v", m)
+	}
+	if r := e.record(scope, "big-1"); r.Attempts != 1 || r.LastErrorClass != "process_died" {
+		t.Fatalf("after one death: %+v", r)
+	}
+	// It died again: attempt 2, plus the unmarked first run = 3 = MaxAttempts.
+	m := mark("big-1", "", "p")
+	if m.Run || m.Result.Outcome != dedup.OutcomeDeadLetter || m.Result.Attempts != 3 || m.Result.Status != dedup.StatusFailedFinal ||
+		!errors.Is(m.Result.Err, dedup.ErrExecutionLost) || m.Result.DeadLetterID == 0 {
+		t.Fatalf("third marker: %+v; want a dead letter after 3 starts, no run", m)
+	}
+	if r := e.record(scope, "big-1"); r.Status != dedup.StatusFailedFinal || r.Attempts != 3 || r.LastErrorClass != "attempts_exhausted" {
+		t.Fatalf("record after exhaustion: %+v", r)
+	}
+	// A final record is left alone; a re-drive allows one more run.
+	if m := mark("big-1", "", "p"); !m.Run {
+		t.Fatalf("marker on a final record: %+v; want Run (Process reports the duplicate)", m)
+	}
+	if err := e.store.Redrive(ctx, scope, "big-1"); err != nil {
+		t.Fatal(err)
+	}
+	if m := mark("big-1", "", "p"); !m.Run {
+		t.Fatalf("marker after a re-drive: %+v; want Run", m)
+	}
+	if res, err := e.store.Process(ctx, msg(t, scope, "big-1", "", "p"), ok); err != nil || res.Outcome != dedup.OutcomeProcessed || res.Attempts != 4 {
+		t.Fatalf("run after a re-drive: %+v %v", res, err)
+	}
+
+	// Runs that reach an outcome are not deaths; a withdrawn marker is not
+	// either.
+	mark("big-2", "", "p")
+	if res, err := e.store.Process(ctx, msg(t, scope, "big-2", "", "p"), fail); err != nil || res.Outcome != dedup.OutcomeRetry || res.Attempts != 1 {
+		t.Fatalf("failed run: %+v %v", res, err)
+	}
+	m = mark("big-2", "", "p")
+	if err := e.store.ClearStart(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	mark("big-2", "", "p")
+	if r := e.record(scope, "big-2"); r.Status != dedup.StatusFailedRetryable || r.Attempts != 1 || r.LastErrorClass == "process_died" {
+		t.Fatalf("after a failed run and a withdrawn marker: %+v; want attempts 1, no death counted", r)
+	}
+
+	// With MaxAttempts 1 the unmarked first run alone never dead-letters: a
+	// delivery that may never have run gets its run.
+	one := setup(t, func(c *dedup.Config) { c.MaxAttempts = 1 })
+	if m, err := one.store.MarkStart(ctx, msg(t, scope, "big-3", "", "p")); err != nil || !m.Run {
+		t.Fatalf("MaxAttempts 1, first marker: %+v %v", m, err)
+	}
+
+	// A business-key match marks the record it matches; a different payload
+	// is left to Process (a conflict).
+	if res, err := e.store.Process(ctx, msg(t, scope, "big-4", "order-4", "p"), fail); err != nil || res.Outcome != dedup.OutcomeRetry {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if m := mark("big-4-resend", "order-4", "p"); !m.Run {
+		t.Fatalf("%+v", m)
+	}
+	if m := mark("big-4", "", "other payload"); !m.Run {
+		t.Fatalf("%+v", m)
+	}
+	// The marked run died: attempt 2, plus the unmarked run that may have
+	// died after attempt 1's failure = 3: the record it matched is final.
+	if m := mark("big-4-resend", "order-4", "p"); m.Run || m.Result.MatchedBy != dedup.ByBusinessKey {
+		t.Fatalf("%+v; want a dead letter matched by business key", m)
+	}
+	if r := e.record(scope, "big-4"); r.Status != dedup.StatusFailedFinal || r.Attempts != 3 {
+		t.Fatalf("record matched by business key: %+v; want the death counted on it", r)
+	}
+	if n := e.count(`select count(*) from ` + e.table("consumption_records") + ` where message_id = 'big-4-resend'`); n != 0 {
+		t.Fatalf("a marker created a second record for a business key")
+	}
+	if dls := e.deadLetters(scope); len(dls) != 2 || dls[0].MessageID != "big-1" || dls[1].MessageID != "big-4-resend" {
+		t.Fatalf("dead letters = %+v, want big-1's and big-4-resend's", dls)
+	}
+}
+
+// S17 with S18 on Postgres: the claim that finds the last attempt's lease
+// expired dead-letters the record, and the answer to its COMMIT is lost. The
+// store retries the claim, whose outcome is unknown (lease_unknown.go); the
+// retried claim finds the record FAILED_FINAL under its own owner token and
+// answers what the lost first run did: the dead letter (acked,
+// attempts_exhausted, Err wrapping ErrExecutionLost, the ID of the one dead
+// letter written), not a duplicate. The dead owner's late completion is
+// fenced.
+func TestS17LeaseCapClaimAnswerLost(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil)
+	st, p := proxiedLeaseStore(t, e, func(c *dedup.Config) { c.MaxAttempts = 1 })
+	const scope, id = "ingest", "ingest/big-78"
+	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1} // no heartbeat statements on the wire
+	release := make(chan struct{})
+	dead := make(chan dedup.Result, 1)
+	started := make(chan struct{})
+	go func() {
+		r, _ := st.ProcessLeased(e.ctx, msg(t, scope, id, "", "big"), func(context.Context, *dedup.Message) error {
+			close(started)
+			<-release // the owner "dies" holding the lease; it returns at the end
+			return nil
+		}, opt)
+		dead <- r
+	}()
+	<-started
+	time.Sleep(opt.TTL + 500*time.Millisecond) // its lease expires, in database time
+
+	p.DropReplyOnce(pgCommitAfter(sqlHas("set status = 'FAILED_FINAL', attempts = $2")))
+	r, err := st.ProcessLeased(e.ctx, msg(t, scope, id, "", "big"), func(context.Context, *dedup.Message) error {
+		return errors.New("the copy at the exhausted limit must not run the handler")
+	}, opt)
+	p.WaitDropped(1)
+	dls := e.deadLetters(scope)
+	if err != nil || r.Outcome != dedup.OutcomeDeadLetter || !r.Outcome.Acked() || r.HandlerCalled || r.Status != dedup.StatusFailedFinal ||
+		r.Attempts != 1 || r.Reason != dedup.ReasonAttemptsExhausted || !errors.Is(r.Err, dedup.ErrExecutionLost) {
+		t.Fatalf("resent claim: %+v, %v; want the acked attempts_exhausted dead letter its lost first run wrote", r, err)
+	}
+	if len(dls) != 1 || dls[0].Reason != dedup.ReasonAttemptsExhausted || r.DeadLetterID != dls[0].ID {
+		t.Fatalf("dead letters = %+v, result's ID %d; want one attempts_exhausted, with that ID", dls, r.DeadLetterID)
+	}
+	close(release)
+	if late := <-dead; late.Outcome != dedup.OutcomeFenced {
+		t.Fatalf("the dead owner's late completion: %+v; want fenced", late)
+	}
+	if rec := e.record(scope, id); rec.Status != dedup.StatusFailedFinal || rec.Attempts != 1 {
+		t.Fatalf("record = %+v; want FAILED_FINAL, attempts 1", rec)
+	}
+}
