@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"testing"
@@ -37,16 +36,7 @@ import (
 //
 //	make bench   (or: go test -run '^$' -bench CrashLoopOverhead ./integration)
 func BenchmarkCrashLoopOverhead(b *testing.B) {
-	e := setup(b, nil)
-	tbl := e.table("bench_payments")
-	e.exec(`create table ` + tbl + ` (payment_id text primary key, amount bigint not null)`)
-	insert := func(ctx context.Context, tx pgx.Tx, id string) error {
-		_, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ($1, 100)`, id)
-		return err
-	}
-	handler := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
-		return insert(ctx, tx, m.Identity.MessageID)
-	}
+	e, insert, handler := benchPayments(b)
 	quiet := slog.New(slog.DiscardHandler)
 	// lane is one consumer's lane: its scope and message IDs are its own.
 	type lane struct {

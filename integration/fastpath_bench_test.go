@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"testing"
@@ -9,7 +8,6 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisfast"
-	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -25,13 +23,7 @@ import (
 //
 //	make bench   (or: go test -run '^$' -bench FastPathRedisDown ./integration)
 func BenchmarkFastPathRedisDown(b *testing.B) {
-	e := setup(b, nil)
-	tbl := e.table("bench_payments")
-	e.exec(`create table ` + tbl + ` (payment_id text primary key, amount bigint not null)`)
-	handler := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
-		_, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ($1, 100)`, m.Identity.MessageID)
-		return err
-	}
+	e, _, handler := benchPayments(b)
 	port, err := freePort() // closed again: nothing listens there
 	if err != nil {
 		b.Fatal(err)
