@@ -193,7 +193,7 @@ func (p *crashProc) waitDied(t *testing.T) {
 }
 
 // waitUntil polls done until it holds, failing if the process ends first.
-func (p *crashProc) waitUntil(t *testing.T, d time.Duration, what string, done func() bool) {
+func (p *crashProc) waitUntil(t *testing.T, d time.Duration, what string, done func() bool, state func() string) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !done() {
@@ -204,7 +204,7 @@ func (p *crashProc) waitUntil(t *testing.T, d time.Duration, what string, done f
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: timed out after %s waiting for %s", p.name, d, what)
+			t.Fatalf("%s: timed out after %s waiting for %s (%s)", p.name, d, what, state())
 		}
 	}
 }
@@ -259,7 +259,7 @@ func TestS17CrashLoopKafka(t *testing.T) {
 			cfg := crashChildConfig{Broker: "kafka", DSN: postgresDSN(t), Schema: e.schema, Scope: group, Topic: topic,
 				Brokers: kafkaBrokers(t), BatchSize: mode.batch, MaxAttempts: maxAttempts, Poison: poison,
 				Events: filepath.Join(t.TempDir(), "events.jsonl")}
-			testS17Processes(t, e, cfg, 100, "the group to commit the whole topic", func() bool {
+			testS17Processes(t, e, cfg, 100, 120*time.Second, "the group to commit the whole topic", func() bool {
 				lag, err := kafkaadapter.GroupLag(context.Background(), kafkaBrokers(t), group, topic)
 				return err == nil && lag == 0
 			})
@@ -287,7 +287,13 @@ func TestS17CrashLoopRocketMQ(t *testing.T) {
 	ns, _ := rmqEndpoints(t)
 	cfg := crashChildConfig{Broker: "rocketmq", DSN: postgresDSN(t), Schema: e.schema, Scope: group, Topic: topic,
 		NameServers: ns, MaxAttempts: maxAttempts, Poison: poison, Events: filepath.Join(t.TempDir(), "events.jsonl")}
-	testS17Processes(t, e, cfg, n, "every message applied or dead-lettered", func() bool {
+	// A RocketMQ broker may keep a SIGKILLed consumer registered until it
+	// notices the closed channel, and at worst until its channel expiry
+	// (channelExpiredTimeout, 120 s); meanwhile the last consumer gets only
+	// its share of the queues, and it takes the rest at the next rebalance
+	// (every 20 s). Seen once on a freshly started broker under the whole
+	// suite's load; hence more than 140 s here.
+	testS17Processes(t, e, cfg, n, 240*time.Second, "every message applied or dead-lettered", func() bool {
 		return e.count(`select count(*) from `+e.table("applies")) == n-1 &&
 			e.count(`select count(*) from `+e.table("consumption_records")+` where status = 'FAILED_FINAL'`) == 1
 	})
@@ -297,7 +303,7 @@ func TestS17CrashLoopRocketMQ(t *testing.T) {
 // die of its own SIGKILL at the poison's start, then one that must not die
 // before done (what) holds. Then it checks the record, the dead letter and
 // the effects of the n messages.
-func testS17Processes(t *testing.T, e *env, cfg crashChildConfig, n int, what string, done func() bool) {
+func testS17Processes(t *testing.T, e *env, cfg crashChildConfig, n int, wait time.Duration, what string, done func() bool) {
 	for run := 1; run <= cfg.MaxAttempts; run++ {
 		p := startCrashChild(t, cfg, fmt.Sprintf("consumer-%d", run))
 		p.waitDied(t)
@@ -306,7 +312,12 @@ func testS17Processes(t *testing.T, e *env, cfg crashChildConfig, n int, what st
 		}
 	}
 	last := startCrashChild(t, cfg, fmt.Sprintf("consumer-%d", cfg.MaxAttempts+1))
-	last.waitUntil(t, 120*time.Second, what, done)
+	last.waitUntil(t, wait, what, done, func() string {
+		return fmt.Sprintf("applied rows %d of %d, FAILED_FINAL records %d, SUCCEEDED records %d",
+			e.count(`select count(*) from `+e.table("applies")), n-1,
+			e.count(`select count(*) from `+e.table("consumption_records")+` where status = 'FAILED_FINAL'`),
+			e.count(`select count(*) from `+e.table("consumption_records")+` where status = 'SUCCEEDED'`))
+	})
 	last.terminate(t)
 	if got := last.eventCounts(t)["start"]; got != cfg.MaxAttempts {
 		t.Fatalf("handler starts of %s = %d, want MaxAttempts (%d)", cfg.Poison, got, cfg.MaxAttempts)
