@@ -32,13 +32,7 @@ type redisServer struct {
 // fails under CI=true and is skipped otherwise.
 func startRedisServer(t testing.TB) *redisServer {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if servicesRequired() {
-			t.Fatalf("redis-server is not in PATH and CI=true: this test runs its own Redis to stop it; %s", startHint)
-		}
-		t.Skipf("redis-server is not in PATH: this test runs its own Redis to stop it; %s", startHint)
-	}
+	bin := redisServerBin(t)
 	port, err := freePort()
 	if err != nil {
 		t.Fatal(err)
@@ -128,3 +122,18 @@ func (s *redisServer) signal(sig syscall.Signal) {
 }
 
 func (s *redisServer) String() string { return fmt.Sprintf("redis-server %s", s.addr()) }
+
+// redisServerBin is the redis-server binary in PATH (the Debian package that
+// scripts/services.sh installs), for tests that run Redis servers of their
+// own. Without it the test fails under CI=true and is skipped otherwise.
+func redisServerBin(t testing.TB) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if servicesRequired() {
+			t.Fatalf("redis-server is not in PATH and CI=true: this test runs Redis servers of its own; %s", startHint)
+		}
+		t.Skipf("redis-server is not in PATH: this test runs Redis servers of its own; %s", startHint)
+	}
+	return bin
+}

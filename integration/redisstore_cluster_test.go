@@ -21,13 +21,7 @@ import (
 // keys hash to different slots (CROSSSLOT) however many nodes there are.
 func startRedisCluster(t *testing.T) *redis.ClusterClient {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if servicesRequired() {
-			t.Fatalf("redis-server not found (scripts/services.sh up installs it): %v", err)
-		}
-		t.Skip("redis-server not found; run `make services-up`")
-	}
+	bin := redisServerBin(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
