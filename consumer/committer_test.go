@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -138,7 +139,7 @@ func (e *errSource) Close() error { e.closed = true; return nil }
 
 func TestRunReturnsFetchErrorAndCloses(t *testing.T) {
 	fp, _ := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "k", Secret: []byte("0123456789abcdef")})
-	st, err := dedup.NewStore(&pgxpool.Pool{}, dedup.Config{Fingerprinter: fp})
+	st, err := pgstore.New(&pgxpool.Pool{}, pgstore.Config{Fingerprinter: fp})
 	if err != nil {
 		t.Fatal(err)
 	}

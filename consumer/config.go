@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 )
 
 // BusinessKeyFunc extracts the business key (one business intent, stable
@@ -20,14 +21,14 @@ import (
 // input: it is dead-lettered with reason dedup.ReasonBadInput and acked.
 type BusinessKeyFunc func(msg *dedup.Message) (string, error)
 
-// Store is the consumption-record store a Consumer drives. *dedup.Store
+// Store is the consumption-record store a Consumer drives. *pgstore.Store
 // (Postgres) implements it and TxStore; redisstore.Store (Redis only) implements
 // Store alone, for lease-mode handlers.
 type Store interface {
-	// ProcessLeased runs h for msg in lease mode (dedup.Store.ProcessLeased).
+	// ProcessLeased runs h for msg in lease mode (pgstore.Store.ProcessLeased).
 	ProcessLeased(ctx context.Context, msg *dedup.Message, h dedup.LeaseHandler, opt dedup.LeaseOptions) (dedup.Result, error)
 	// Reject records msg as bad input: FAILED_FINAL plus a dead letter with
-	// reason, never running a handler (dedup.Store.Reject).
+	// reason, never running a handler (pgstore.Store.Reject).
 	Reject(ctx context.Context, msg *dedup.Message, reason string, cause error) (dedup.Result, error)
 	// ValidateRetention refuses a record retention shorter than the broker's
 	// redelivery horizon (an error wrapping dedup.ErrRetentionTooShort).
@@ -40,16 +41,16 @@ type Store interface {
 
 // TxStore is a Store that also runs handlers inside its Postgres
 // transaction: atomic mode (Process) and batched atomic mode (ProcessBatch).
-// *dedup.Store implements it.
+// *pgstore.Store implements it.
 type TxStore interface {
 	Store
-	// Process runs h for msg in atomic mode (dedup.Store.Process).
-	Process(ctx context.Context, msg *dedup.Message, h dedup.Handler) (dedup.Result, error)
-	// ProcessBatch runs h for msgs in one transaction (dedup.Store.ProcessBatch).
-	ProcessBatch(ctx context.Context, msgs []*dedup.Message, h dedup.Handler) ([]dedup.Result, error)
+	// Process runs h for msg in atomic mode (pgstore.Store.Process).
+	Process(ctx context.Context, msg *dedup.Message, h pgstore.Handler) (dedup.Result, error)
+	// ProcessBatch runs h for msgs in one transaction (pgstore.Store.ProcessBatch).
+	ProcessBatch(ctx context.Context, msgs []*dedup.Message, h pgstore.Handler) ([]dedup.Result, error)
 }
 
-var _ TxStore = (*dedup.Store)(nil)
+var _ TxStore = (*pgstore.Store)(nil)
 
 func isTxStore(s Store) bool {
 	_, ok := s.(TxStore)
@@ -63,13 +64,13 @@ type Config struct {
 	// 255 bytes of UTF-8.
 	Scope string
 	// Store holds consumption records and dead letters. Required. A
-	// *dedup.Store (Postgres) runs every mode; a store that only implements
+	// *pgstore.Store (Postgres) runs every mode; a store that only implements
 	// Store, not TxStore (redisstore.Store: Redis only, weaker), runs
 	// LeaseHandler only.
 	Store Store
 	// Handler is the business logic, run inside the record's transaction
 	// (atomic mode). Exactly one of Handler and LeaseHandler is required.
-	Handler dedup.Handler
+	Handler pgstore.Handler
 	// LeaseHandler is business logic with side effects outside the database,
 	// run in lease mode (owner token, fence, heartbeat; see dedup.Lease).
 	LeaseHandler dedup.LeaseHandler
@@ -94,7 +95,7 @@ type Config struct {
 	// absorbs.
 	CommitInterval time.Duration
 	// BatchSize is how many deliveries of one lane run in one transaction
-	// (batched atomic mode, dedup.Store.ProcessBatch) in pull mode. Default
+	// (batched atomic mode, pgstore.Store.ProcessBatch) in pull mode. Default
 	// 1: one transaction per delivery. Not used with LeaseHandler.
 	BatchSize int
 	// BatchWait is how long a lane waits to fill a batch once it has one
@@ -180,7 +181,7 @@ func (c Config) validate() error {
 	case (c.Handler == nil) == (c.LeaseHandler == nil):
 		return fmt.Errorf("%w: exactly one of Handler and LeaseHandler is required", ErrInvalidConfig)
 	case c.Handler != nil && !isTxStore(c.Store):
-		return fmt.Errorf("%w: Store %T has no Postgres transaction for Handler (atomic mode); use LeaseHandler or a *dedup.Store", ErrInvalidConfig, c.Store)
+		return fmt.Errorf("%w: Store %T has no Postgres transaction for Handler (atomic mode); use LeaseHandler or a *pgstore.Store", ErrInvalidConfig, c.Store)
 	case c.RetryInitial < 0 || c.RetryMax < c.RetryInitial:
 		return fmt.Errorf("%w: RetryInitial %s and RetryMax %s must satisfy 0 <= RetryInitial <= RetryMax", ErrInvalidConfig, c.RetryInitial, c.RetryMax)
 	case c.CommitEvery < 1:

@@ -116,7 +116,7 @@ func (c *Consumer) handle(ctx context.Context, d Delivery, sess *laneSession) (d
 	return res, nil
 }
 
-// HandleBatch handles deliveries in one transaction (dedup.Store.
+// HandleBatch handles deliveries in one transaction (pgstore.Store.
 // ProcessBatch). Bad input is rejected first, on its own. Results follow
 // ProcessBatch: in order, stopping at the first OutcomeRetry (later results
 // are zero: not attempted, not acked). A non-nil error means nothing of the

@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 )
 
 // CrashLoopConfig configures how a Consumer bounds a message whose handler
 // kills the process (atomic and batched modes, Config.Handler), with a store
-// that implements StartMarker (*dedup.Store). The design and its cost are in
+// that implements StartMarker (*pgstore.Store). The design and its cost are in
 // the package documentation, "Crash loops". Lease mode needs none of it: its
 // claim counts every start.
 type CrashLoopConfig struct {
@@ -67,7 +68,7 @@ func (c CrashLoopConfig) validate() error {
 	return nil
 }
 
-// StartMarker is the storage a Consumer bounds crash loops with; *dedup.Store
+// StartMarker is the storage a Consumer bounds crash loops with; *pgstore.Store
 // implements it (its methods document each contract). With a Config.Store
 // that does not implement it, a Consumer runs without start markers.
 type StartMarker interface {
@@ -84,7 +85,7 @@ type StartMarker interface {
 	ClearStart(ctx context.Context, m dedup.StartMark) error
 }
 
-var _ StartMarker = (*dedup.Store)(nil)
+var _ StartMarker = (*pgstore.Store)(nil)
 
 // crashGuard is a Consumer's crash-loop state: its lanes' sessions and the
 // process-wide turn of marked runs.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -72,7 +73,7 @@ func (f *markerStore) ClearStart(context.Context, dedup.StartMark) error {
 	return nil
 }
 
-func (f *markerStore) Process(_ context.Context, msg *dedup.Message, _ dedup.Handler) (dedup.Result, error) {
+func (f *markerStore) Process(_ context.Context, msg *dedup.Message, _ pgstore.Handler) (dedup.Result, error) {
 	f.mu.Lock()
 	f.processed = append(f.processed, msg.Identity.MessageID)
 	f.running++
@@ -91,7 +92,7 @@ func (f *markerStore) Process(_ context.Context, msg *dedup.Message, _ dedup.Han
 	return dedup.Result{Outcome: dedup.OutcomeProcessed, Status: dedup.StatusSucceeded, Attempts: 1, HandlerCalled: true}, nil
 }
 
-func (f *markerStore) ProcessBatch(ctx context.Context, msgs []*dedup.Message, h dedup.Handler) ([]dedup.Result, error) {
+func (f *markerStore) ProcessBatch(ctx context.Context, msgs []*dedup.Message, h pgstore.Handler) ([]dedup.Result, error) {
 	out := make([]dedup.Result, len(msgs))
 	for i, m := range msgs {
 		out[i], _ = f.Process(ctx, m, h)

@@ -3,7 +3,7 @@
 //
 // A Consumer turns each Delivery into a dedup identity (scope from Config,
 // message ID from the adapter, business key from Config.BusinessKey), runs the
-// handler through dedup.Store.Process and reports the outcome to Metrics and
+// handler through pgstore.Store.Process and reports the outcome to Metrics and
 // the log. It never acknowledges a delivery whose outcome is not durable,
 // nor one whose outcome is unknown (dedup.ErrOutcomeUnknown: the connection
 // was lost at COMMIT): that one is retried like a failure (Kafka: in place;
@@ -30,12 +30,12 @@
 //
 // Config.Handler runs in atomic mode, one transaction per delivery; with
 // Config.BatchSize > 1 a pull lane runs up to BatchSize deliveries per
-// transaction (dedup.Store.ProcessBatch), commits the acked prefix and
+// transaction (pgstore.Store.ProcessBatch), commits the acked prefix and
 // retries the rest ahead of newer deliveries. Config.LeaseHandler runs in
-// lease mode (dedup.Store.ProcessLeased) for side effects outside the
+// lease mode (pgstore.Store.ProcessLeased) for side effects outside the
 // database; a fenced owner's delivery is not acked.
 //
-// Config.Store is the Store interface: *dedup.Store (Postgres) runs every
+// Config.Store is the Store interface: *pgstore.Store (Postgres) runs every
 // mode; redisstore.Store keeps records in Redis alone and runs
 // Config.LeaseHandler only (atomic modes need a TxStore: a Postgres
 // transaction to join).
@@ -44,9 +44,9 @@
 //
 // A handler that kills the process leaves no trace in atomic and batched
 // modes, so without help its message would be redelivered to every restart.
-// Config.CrashLoop bounds it to dedup.Config.MaxAttempts starts (the design
+// Config.CrashLoop bounds it to pgstore.Config.MaxAttempts starts (the design
 // and its measured cost are in the dedup package documentation, "Crash
-// loops"); it is on by default with a *dedup.Store (any StartMarker) and
+// loops"); it is on by default with a *pgstore.Store (any StartMarker) and
 // costs a first delivery one watermark upsert per Window+1 offsets of its
 // lane. The runtime's part:
 //
@@ -57,10 +57,10 @@
 //     source, after the lane was revoked and assigned again; a push lane for
 //     the Consumer's life) starts by learning the watermark W earlier
 //     processes left. Its deliveries at or below W may replay a crash: one
-//     read (dedup.Store.CheckReplay) answers those already final, as
+//     read (pgstore.Store.CheckReplay) answers those already final, as
 //     duplicates; the first InFlight ones that are not (BatchSize in Run,
 //     CrashLoop.InFlight in Handle) each run after a start marker
-//     (dedup.Store.MarkStart), one at a time across the Consumer, and in
+//     (pgstore.Store.MarkStart), one at a time across the Consumer, and in
 //     batched mode alone before the batch. A marker that finds the attempts
 //     used up by runs that died returns a dead letter without running the
 //     handler (OutcomeDeadLetter, acked), and the lane moves on.

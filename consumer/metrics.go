@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -155,18 +156,18 @@ func (m *PrometheusMetrics) ObserveDuration(scope string, outcome dedup.Outcome,
 	m.duration.WithLabelValues(scope, string(outcome)).Observe(d.Seconds())
 }
 
-// StoreCollector exports a dedup.Store's fast-path counters as
+// StoreCollector exports a pgstore.Store's fast-path counters as
 // idemq_fastpath_total{result="hit|miss|error"} (hits answered duplicates
 // without Postgres; errors fell through to Postgres, e.g. Redis down,
 // including calls skipped by the fast path's open circuit breaker).
 // Register it with prometheus.Register(consumer.StoreCollector(store)); the
 // breaker's own metrics come from redisfast.FastPath.Collector.
-func StoreCollector(st *dedup.Store) prometheus.Collector { return storeCollector{st} }
+func StoreCollector(st *pgstore.Store) prometheus.Collector { return storeCollector{st} }
 
 var fastPathDesc = prometheus.NewDesc("idemq_fastpath_total",
 	"Dedup fast-path lookups by result (hit, miss, error).", []string{"result"}, nil)
 
-type storeCollector struct{ st *dedup.Store }
+type storeCollector struct{ st *pgstore.Store }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- fastPathDesc }
 

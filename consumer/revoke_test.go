@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -53,7 +54,7 @@ type txStore struct {
 	handled []string
 }
 
-func (s *txStore) Process(ctx context.Context, msg *dedup.Message, h dedup.Handler) (dedup.Result, error) {
+func (s *txStore) Process(ctx context.Context, msg *dedup.Message, h pgstore.Handler) (dedup.Result, error) {
 	s.mu.Lock()
 	s.handled = append(s.handled, msg.Identity.MessageID)
 	s.mu.Unlock()
@@ -63,7 +64,7 @@ func (s *txStore) Process(ctx context.Context, msg *dedup.Message, h dedup.Handl
 	return dedup.Result{Outcome: dedup.OutcomeProcessed}, nil
 }
 
-func (s *txStore) ProcessBatch(ctx context.Context, msgs []*dedup.Message, h dedup.Handler) ([]dedup.Result, error) {
+func (s *txStore) ProcessBatch(ctx context.Context, msgs []*dedup.Message, h pgstore.Handler) ([]dedup.Result, error) {
 	out := make([]dedup.Result, len(msgs))
 	for i, m := range msgs {
 		out[i], _ = s.Process(ctx, m, h)

@@ -3,14 +3,10 @@ package dedup
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"strings"
 	"syscall"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // FailureClass says what a failure means for a delivery, whatever step it
@@ -67,20 +63,23 @@ var ErrOutcomeUnknown = errors.New("idemq: outcome unknown")
 //   - an error wrapping ErrOutcomeUnknown: FailureOutcomeUnknown;
 //   - a Permanent error: FailurePermanent (the caller's explicit word wins
 //     over what it wraps);
-//   - a *pgconn.PgError anywhere in the chain: SQLSTATE 40001 or 40P01 is
-//     FailureTransient; class 08 (connection exception) and 57P01, 57P02,
-//     57P03 are FailureOutcomeUnknown; every other SQLSTATE (constraint
-//     violations, 57014 statement timeout, 25P02 aborted transaction, …) is
-//     FailureHandler;
-//   - a failed connection attempt (*pgconn.ConnectError), a closed
-//     connection (pgconn.ErrConnClosed, net.ErrClosed), io.EOF,
-//     io.ErrUnexpectedEOF, a net.Error, ECONNRESET, ECONNREFUSED,
-//     ECONNABORTED, EPIPE, an error pgx raised before it sent anything
-//     (pgconn.SafeToRetry), or context.Canceled / context.DeadlineExceeded:
+//   - an error with a SQLState() string method anywhere in the chain (a
+//     *pgconn.PgError, or any SQL driver's server error that has one):
+//     ClassifySQLState of its code;
+//   - an error with a SafeToRetry() bool method that returns true (pgx's
+//     errors raised before anything was sent), io.EOF, io.ErrUnexpectedEOF,
+//     net.ErrClosed, a net.Error, ECONNRESET, ECONNREFUSED, ECONNABORTED,
+//     EPIPE, or context.Canceled / context.DeadlineExceeded:
 //     FailureOutcomeUnknown;
 //   - anything else: FailureHandler.
 //
-// The store applies Classify to the errors of its own database calls (the
+// Classify knows no database driver. A store adds what its driver knows (the
+// Postgres store, dedup/pgstore, also treats pgx's closed-connection and
+// failed-connect errors as FailureOutcomeUnknown) and wraps such errors with
+// ErrOutcomeUnknown before returning them, so that Classify of what a store
+// returns is exact.
+//
+// A store applies Classify to the errors of its own database calls (the
 // claim, the marks, the COMMIT), where any error that is not a server error
 // leaves the outcome unknown. An error returned by a handler is judged with
 // what the store knows beside it: it is FailureOutcomeUnknown only when the
@@ -98,27 +97,34 @@ func Classify(err error) FailureClass {
 	if IsPermanent(err) {
 		return FailurePermanent
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return classifySQLState(pgErr.Code)
+	var state sqlStater
+	if errors.As(err, &state) {
+		return ClassifySQLState(state.SQLState())
 	}
-	var connErr *pgconn.ConnectError
+	var safe interface{ SafeToRetry() bool }
 	var netErr net.Error
 	switch {
-	case errors.As(err, &connErr), errors.As(err, &netErr),
-		errors.Is(err, pgconn.ErrConnClosed), errors.Is(err, net.ErrClosed),
+	case errors.As(err, &safe) && safe.SafeToRetry(), errors.As(err, &netErr),
+		errors.Is(err, net.ErrClosed),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.ECONNREFUSED),
 		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
-		pgconn.SafeToRetry(err),
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return FailureOutcomeUnknown
 	}
 	return FailureHandler
 }
 
-// classifySQLState is Classify for a server error's SQLSTATE.
-func classifySQLState(code string) FailureClass {
+// sqlStater is a SQL server error: *pgconn.PgError has this method.
+type sqlStater interface{ SQLState() string }
+
+// ClassifySQLState is Classify for a SQL server error's SQLSTATE code:
+// 40001 (serialization failure) and 40P01 (deadlock) are FailureTransient;
+// class 08 (connection exception), 57P01 (admin shutdown), 57P02 (crash
+// shutdown) and 57P03 (cannot connect now) are FailureOutcomeUnknown; every
+// other code (constraint violations, 57014 statement timeout, 25P02 aborted
+// transaction, …) is FailureHandler.
+func ClassifySQLState(code string) FailureClass {
 	switch {
 	case code == "40001" || code == "40P01":
 		return FailureTransient
@@ -136,55 +142,3 @@ func IsTransient(err error) bool { return Classify(err) == FailureTransient }
 // a lost or terminated connection, or an ended context (and every error
 // wrapping ErrOutcomeUnknown).
 func IsOutcomeUnknown(err error) bool { return Classify(err) == FailureOutcomeUnknown }
-
-// commitFailureClass is what a failed COMMIT means: a COMMIT the server
-// answered with an error (or with ROLLBACK: the transaction was aborted) did
-// not commit, and is the handler's failure unless it is transient or the
-// server is terminating the connection; any other error (io, network,
-// context) leaves the outcome unknown.
-func commitFailureClass(err error) FailureClass {
-	if errors.Is(err, pgx.ErrTxCommitRollback) {
-		return FailureHandler
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return classifySQLState(pgErr.Code)
-	}
-	return FailureOutcomeUnknown
-}
-
-// handlerFailureClass is what a handler's error means given the transaction
-// it ran in: the caller's context ended or the transaction's connection is
-// gone (outcome unknown, not the handler's failure), a transient error, a
-// permanent one, or else the handler's failure.
-func handlerFailureClass(ctx context.Context, tx pgx.Tx, herr error) FailureClass {
-	if ctx.Err() != nil || (tx != nil && tx.Conn() != nil && tx.Conn().IsClosed()) {
-		return FailureOutcomeUnknown
-	}
-	switch c := Classify(herr); c {
-	case FailureTransient, FailurePermanent:
-		return c
-	}
-	return FailureHandler
-}
-
-// ownFailureClass is what an error of one of the store's own statements
-// (begin, claim, mark) means: transient, outcome unknown (the connection is
-// gone), or else a failure that the batch cannot get past, which a
-// per-message rerun pins on one message or reports.
-func ownFailureClass(err error) FailureClass {
-	switch c := Classify(err); c {
-	case FailureTransient, FailureOutcomeUnknown:
-		return c
-	}
-	return FailureHandler
-}
-
-// wrapUnknown wraps err with ErrOutcomeUnknown when it is of that class and
-// does not already.
-func wrapUnknown(err error) error {
-	if Classify(err) == FailureOutcomeUnknown && !errors.Is(err, ErrOutcomeUnknown) {
-		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
-	}
-	return err
-}

@@ -4,8 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	"github.com/jackc/pgx/v5/pgconn"
+	"reflect"
 )
 
 // ErrFingerprintConflict is wrapped by Result.Err of every OutcomeConflict
@@ -43,9 +42,12 @@ func IsPermanent(err error) bool {
 //
 //   - "permanent" for Permanent errors (their cause is classified after a
 //     colon, e.g. "permanent:error");
-//   - "pg:<SQLSTATE>" or "pg:<SQLSTATE>:<constraint>" for a *pgconn.PgError
-//     anywhere in the chain, so a unique violation raised by the handler's own
-//     table reads "pg:23505:orders_order_no_key" even when wrapped with %w;
+//   - "pg:<SQLSTATE>" or "pg:<SQLSTATE>:<constraint>" for a SQL server error
+//     anywhere in the chain (an error with a SQLState() string method, such as
+//     *pgconn.PgError; the constraint comes from a ConstraintName field or
+//     method when the error has one), so a unique violation raised by the
+//     handler's own table reads "pg:23505:orders_order_no_key" even when
+//     wrapped with %w;
 //   - for a conflict (ErrFingerprintConflict), its reason:
 //     "message_id_collision" or "payload_conflict" ("fingerprint_conflict"
 //     when the error names neither);
@@ -60,12 +62,12 @@ func ErrorClass(err error) string {
 	if errors.As(err, &p) {
 		return "permanent:" + ErrorClass(p.err)
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		if pgErr.ConstraintName != "" {
-			return "pg:" + pgErr.Code + ":" + pgErr.ConstraintName
+	var state sqlStater
+	if errors.As(err, &state) {
+		if c := constraintName(state); c != "" {
+			return "pg:" + state.SQLState() + ":" + c
 		}
-		return "pg:" + pgErr.Code
+		return "pg:" + state.SQLState()
 	}
 	var pe *PanicError
 	switch {
@@ -81,13 +83,6 @@ func ErrorClass(err error) string {
 	return "error"
 }
 
-// IsUniqueViolation reports whether err holds a Postgres unique violation
-// (SQLSTATE 23505); constraint, when not empty, must also match.
-func IsUniqueViolation(err error, constraint string) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" && (constraint == "" || pgErr.ConstraintName == constraint)
-}
-
 // PanicError is the handler error recorded when a handler panics. The panic is
 // recovered, the transaction rolled back, and the attempt marked failed like
 // any other error, so a poison message cannot crash the consumer.
@@ -98,3 +93,22 @@ type PanicError struct {
 
 // Error returns "handler panic: <value>".
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
+
+// constraintName is the constraint a SQL server error names: its
+// ConstraintName() method, or else its exported ConstraintName string field
+// (*pgconn.PgError has the field), or "".
+func constraintName(e sqlStater) string {
+	if c, ok := e.(interface{ ConstraintName() string }); ok {
+		return c.ConstraintName()
+	}
+	v := reflect.ValueOf(e)
+	if v.Kind() == reflect.Pointer {
+		v = v.Elem()
+	}
+	if v.Kind() == reflect.Struct {
+		if f := v.FieldByName("ConstraintName"); f.IsValid() && f.Kind() == reflect.String {
+			return f.String()
+		}
+	}
+	return ""
+}

@@ -71,28 +71,30 @@ func (f *Fingerprinter) Sum(payload []byte) (sum []byte, keyID string, err error
 	return mac(f.keys[0].Secret, b), f.keys[0].ID, nil
 }
 
-// KeyedSum is a fingerprint and the ID of the key it was made with.
-type KeyedSum struct {
-	// KeyID is the FingerprintKey.ID the sum was made with.
-	KeyID string
-	// Sum is the HMAC-SHA256 of the canonical payload (32 bytes).
-	Sum []byte
-}
-
-// SumAll returns the fingerprint of payload under every configured key,
-// current key first, canonicalizing the payload once. Stores that compare
-// fingerprints where Matches cannot run (inside a Redis script) send all of
-// them. It fails only when the canonicalizer fails.
-func (f *Fingerprinter) SumAll(payload []byte) ([]KeyedSum, error) {
+// Sums returns the fingerprint of payload under every configured key, by
+// key ID (FingerprintKey.ID → 32-byte HMAC-SHA256), canonicalizing the
+// payload once. Stores that compare fingerprints where Matches cannot run
+// (inside a Redis script) send all of them; CurrentKeyID says which one new
+// records get. It fails only when the canonicalizer fails.
+func (f *Fingerprinter) Sums(payload []byte) (map[string][]byte, error) {
 	b, err := f.canonical(payload)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]KeyedSum, len(f.keys))
-	for i, k := range f.keys {
-		out[i] = KeyedSum{KeyID: k.ID, Sum: mac(k.Secret, b)}
+	out := make(map[string][]byte, len(f.keys))
+	for _, k := range f.keys {
+		out[k.ID] = mac(k.Secret, b)
 	}
 	return out, nil
+}
+
+// KeyIDs returns the configured key IDs, current key first.
+func (f *Fingerprinter) KeyIDs() []string {
+	out := make([]string, len(f.keys))
+	for i, k := range f.keys {
+		out[i] = k.ID
+	}
+	return out
 }
 
 // Matches reports whether payload has fingerprint sum under the key keyID

@@ -36,9 +36,12 @@ func TestFingerprintRotation(t *testing.T) {
 	if id != "k2" || bytes.Equal(newSum, sum) {
 		t.Fatal("new fingerprints must use the current key")
 	}
-	all, err := rotated.SumAll([]byte(`{"amount":40}`))
-	if err != nil || len(all) != 2 || all[0].KeyID != "k2" || !bytes.Equal(all[0].Sum, newSum) || all[1].KeyID != "k1" || !bytes.Equal(all[1].Sum, sum) {
-		t.Fatalf("SumAll = %+v, %v; want the current key's sum, then the previous key's", all, err)
+	all, err := rotated.Sums([]byte(`{"amount":40}`))
+	if err != nil || len(all) != 2 || !bytes.Equal(all["k2"], newSum) || !bytes.Equal(all["k1"], sum) {
+		t.Fatalf("Sums = %+v, %v; want the current key's sum and the previous key's", all, err)
+	}
+	if ids := rotated.KeyIDs(); len(ids) != 2 || ids[0] != "k2" || ids[1] != "k1" {
+		t.Fatalf("KeyIDs = %v, want current key first", ids)
 	}
 	onlyNew, _ := NewFingerprinter(nil, k2)
 	if _, err := onlyNew.Matches([]byte(`{"amount":40}`), sum, "k1"); !errors.Is(err, ErrUnknownFingerprintKey) {

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Re-driving a dead letter as a new message.
@@ -130,89 +128,6 @@ func RedrivableAsNew(reason string, force bool) error {
 	return fmt.Errorf("%w: reason %s", ErrNotAConflict, reason)
 }
 
-// RedriveAsNew re-drives dead letter deadLetterID of scope as a new message:
-// it writes an audit row (table <DeadLettersTable>_redrives, one row per dead
-// letter), then publishes the message through opt.Publish under the derived
-// message ID RedriveAsNewID(message ID, deadLetterID), then stamps the audit
-// row published. The consumer then processes it as a message of its own; the
-// record the dead letter collided with is left as it is. See the comment at
-// the top of this file for why each step is safe to repeat.
-//
-// Only conflicts can be re-driven as new (RedrivableAsNew): message-ID
-// collisions always, payload conflicts only with opt.Force. Errors:
-// ErrNotFound (no dead letter deadLetterID in scope), ErrPayloadConflict
-// (refused; the error says why), ErrNotAConflict, ErrInvalidConfig (no
-// Publish, bad Operator), or the publish's error, wrapped (the audit row is
-// kept unpublished: call again to publish).
-func (s *Store) RedriveAsNew(ctx context.Context, scope string, deadLetterID int64, opt RedriveAsNewOptions) (RedriveAsNewResult, error) {
-	if err := opt.Validate(); err != nil {
-		return RedriveAsNewResult{}, err
-	}
-	var res RedriveAsNewResult
-	var auditID int64
-	var publishedAt *time.Time
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		// FOR UPDATE serializes two operators re-driving the same dead letter.
-		d, err := s.deadLetter(ctx, tx, scope, deadLetterID)
-		if err != nil {
-			return err
-		}
-		res.DeadLetter = d
-		if err := RedrivableAsNew(d.Reason, opt.Force); err != nil {
-			return err
-		}
-		if d.Reason != ReasonMessageIDCollision && d.BusinessKey != "" {
-			var holder string
-			err := tx.QueryRow(ctx, `select message_id from `+s.q.records+` where scope = $1 and business_key = $2 and business_key <> ''`, scope, d.BusinessKey).Scan(&holder)
-			if err == nil {
-				return fmt.Errorf("%w: business key %q has record %s/%s: a re-driven copy would match it and conflict again", ErrPayloadConflict, d.BusinessKey, scope, holder)
-			}
-			if !errors.Is(err, pgx.ErrNoRows) {
-				return fmt.Errorf("idemq: redrive as new: %w", err)
-			}
-		}
-		res.MessageID = RedriveAsNewID(d.MessageID, d.ID)
-		err = tx.QueryRow(ctx, `insert into `+s.redrivesTable()+`
-  (dead_letter_id, scope, message_id, new_message_id, business_key, reason, forced, operator)
-values ($1, $2, $3, $4, $5, $6, $7, $8)
-on conflict (dead_letter_id) do nothing
-returning id, created_at`, d.ID, scope, d.MessageID, res.MessageID, d.BusinessKey, d.Reason, opt.Force, opt.Operator).
-			Scan(&auditID, &res.RequestedAt)
-		if err == nil {
-			res.Created = true
-			return nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("idemq: redrive as new: audit: %w", err)
-		}
-		err = tx.QueryRow(ctx, `select id, new_message_id, created_at, published_at from `+s.redrivesTable()+` where dead_letter_id = $1`, d.ID).
-			Scan(&auditID, &res.MessageID, &res.RequestedAt, &publishedAt)
-		if err != nil {
-			return fmt.Errorf("idemq: redrive as new: audit: %w", err)
-		}
-		return nil
-	})
-	if err != nil {
-		return RedriveAsNewResult{}, err
-	}
-	if publishedAt != nil {
-		res.PublishedAt = *publishedAt
-		return res, nil // published by an earlier call: nothing new
-	}
-	d := res.DeadLetter
-	if err := opt.Publish(ctx, RedriveMessage{MessageID: res.MessageID, Topic: d.Topic, Key: d.Key, Headers: d.Headers,
-		Payload: d.Payload, DeadLetterID: d.ID}); err != nil {
-		return res, fmt.Errorf("idemq: redrive as new: publish %s (audit row kept; call again to publish): %w", res.MessageID, err)
-	}
-	res.Published = true
-	err = s.pool.QueryRow(context.WithoutCancel(ctx), `update `+s.redrivesTable()+` set published_at = coalesce(published_at, now())
-where id = $1 returning published_at`, auditID).Scan(&res.PublishedAt)
-	if err != nil {
-		return res, fmt.Errorf("idemq: redrive as new: %s published, but stamping its audit row failed (a repeated call publishes a copy, which dedup drops): %w", res.MessageID, err)
-	}
-	return res, nil
-}
-
 // Validate returns an error wrapping ErrInvalidConfig, naming the field,
 // when Publish is nil or Operator is longer than MaxKeyBytes bytes, not
 // valid UTF-8 or holds NUL. Both stores' RedriveAsNew call it first.
@@ -224,26 +139,4 @@ func (o RedriveAsNewOptions) Validate() error {
 		return fmt.Errorf("%w: RedriveAsNewOptions.Operator must be at most %d bytes of UTF-8 without NUL", ErrInvalidConfig, MaxKeyBytes)
 	}
 	return nil
-}
-
-// redrivesTable is the quoted audit table of RedriveAsNew.
-func (s *Store) redrivesTable() string {
-	return pgx.Identifier{s.cfg.Schema, s.cfg.DeadLettersTable + "_redrives"}.Sanitize()
-}
-
-// deadLetter reads and locks one dead letter of scope, or ErrNotFound.
-func (s *Store) deadLetter(ctx context.Context, tx pgx.Tx, scope string, id int64) (DeadLetter, error) {
-	var d DeadLetter
-	err := tx.QueryRow(ctx, `select id, scope, message_id, business_key, reason, error, error_class, attempts,
-  topic, message_key, payload, headers, source, created_at, redriven_at
-from `+s.q.deadLetters+` where id = $1 and scope = $2 for update`, id, scope).
-		Scan(&d.ID, &d.Scope, &d.MessageID, &d.BusinessKey, &d.Reason, &d.Error, &d.ErrorClass, &d.Attempts,
-			&d.Topic, &d.Key, &d.Payload, &d.Headers, &d.Source, &d.CreatedAt, &d.RedrivenAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return DeadLetter{}, fmt.Errorf("%w: no dead letter %d in scope %q", ErrNotFound, id, scope)
-	}
-	if err != nil {
-		return DeadLetter{}, fmt.Errorf("idemq: dead letter %d: %w", id, err)
-	}
-	return d, nil
 }

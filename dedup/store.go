@@ -2,487 +2,58 @@ package dedup
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
-
-	"github.com/idemq/idemq/internal/pgtext"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Handler is the user's business logic for one message. It receives the
-// transaction that also holds the consumption record: every write it makes
-// through tx (business rows, outbox rows) commits if and only if the record is
-// marked SUCCEEDED. A handler must not commit or roll back tx, and must not
-// write through another connection if those writes must be exactly once.
+// TxHandler is an atomic-mode handler: it runs inside the store's
+// transaction, of type Tx (pgx.Tx for dedup/pgstore), and its writes commit
+// together with the consumption record or not at all. It returns nil when
+// the message is done; a Permanent error when retrying cannot help (FAILED_FINAL
+// and a dead letter at once); any other error for a retry (FAILED_RETRYABLE,
+// or FAILED_FINAL with a dead letter once the store's MaxAttempts is
+// reached). A panic is recovered and recorded as a *PanicError. pgstore.Handler
+// and consumer.Handler are this type for pgx.Tx.
+type TxHandler[Tx any] func(ctx context.Context, tx Tx, msg *Message) error
+
+// Store is what the runtime (package consumer) needs from every
+// consumption-record store: lease mode, bad-input rejection and the numbers
+// it validates its config against. dedup/pgstore (Postgres) and
+// dedup/redisstore (Redis only) implement it; dedup/storetest is the
+// conformance suite a store must pass.
 //
-// Returning nil marks the record SUCCEEDED. Returning Permanent(err) marks it
-// FAILED_FINAL with a dead letter. Any other error rolls the transaction back
-// and marks FAILED_RETRYABLE (FAILED_FINAL once Config.MaxAttempts is
-// reached). A panic is recovered and treated as a retryable error.
-type Handler func(ctx context.Context, tx pgx.Tx, msg *Message) error
-
-// Store keeps consumption records and dead letters in Postgres and runs
-// handlers in atomic mode. It is safe for concurrent use by any number of
-// goroutines and processes.
-type Store struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	fp   *Fingerprinter
-	q    queries
-	fast fastPathStats
+// Stable: new methods are added only in a minor release that says so, and
+// only to optional interfaces (such as TxStore) that the runtime detects.
+type Store interface {
+	// ProcessLeased runs h for msg in lease mode (see Lease): a claim with
+	// an owner token and fence, heartbeats while h runs, and a completion
+	// or failure mark conditional on both. The Result says what to do with
+	// the delivery (Outcome.Acked); a non-nil error means the outcome is not
+	// known to be durable: do not ack.
+	ProcessLeased(ctx context.Context, msg *Message, h LeaseHandler, opt LeaseOptions) (Result, error)
+	// Reject records msg as bad input without running a handler:
+	// FAILED_FINAL plus a dead letter with reason (e.g. ReasonBadInput) and
+	// cause. A duplicate of a decided record answers that record's outcome.
+	Reject(ctx context.Context, msg *Message, reason string, cause error) (Result, error)
+	// ValidateRetention refuses (an error wrapping ErrRetentionTooShort) a
+	// record retention shorter than horizon, the broker's redelivery
+	// horizon: a copy redelivered after its record was purged would run
+	// again.
+	ValidateRetention(horizon time.Duration) error
+	// MaxAttempts is how many handler executions a record gets (≥ 1).
+	MaxAttempts() int
+	// SucceededRetention is how long a SUCCEEDED record is kept.
+	SucceededRetention() time.Duration
 }
 
-// NewStore validates cfg and returns a Store on pool. It does not touch the
-// database; call Migrate once at start. Errors wrap ErrInvalidConfig.
-func NewStore(pool *pgxpool.Pool, cfg Config) (*Store, error) {
-	if pool == nil {
-		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
-	}
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	return &Store{pool: pool, cfg: cfg, fp: cfg.Fingerprinter, q: newQueries(cfg)}, nil
+// TxStore is a Store that also runs handlers inside its own transaction, of
+// type Tx: atomic mode (Process) and batched atomic mode (ProcessBatch).
+// *pgstore.Store implements TxStore[pgx.Tx].
+type TxStore[Tx any] interface {
+	Store
+	// Process runs h for msg in one transaction with the consumption
+	// record: claim, handler, mark, COMMIT.
+	Process(ctx context.Context, msg *Message, h TxHandler[Tx]) (Result, error)
+	// ProcessBatch runs h for each of msgs in one transaction, one Result
+	// per message in order.
+	ProcessBatch(ctx context.Context, msgs []*Message, h TxHandler[Tx]) ([]Result, error)
 }
-
-// Config returns the store's configuration with defaults applied.
-func (s *Store) Config() Config { return s.cfg }
-
-// MaxAttempts is Config.MaxAttempts: how many handler executions a record
-// gets before it is FAILED_FINAL.
-func (s *Store) MaxAttempts() int { return s.cfg.MaxAttempts }
-
-// SucceededRetention is Config.SucceededRetention: how long a SUCCEEDED
-// record is kept (and duplicates are recognized) after it succeeded.
-func (s *Store) SucceededRetention() time.Duration { return s.cfg.SucceededRetention }
-
-// Pool returns the pool the store runs on.
-func (s *Store) Pool() *pgxpool.Pool { return s.pool }
-
-// Process runs h for msg in atomic mode and reports the outcome. msg.Identity
-// must be set (see NewIdentity); msg.Attempt is set before h runs.
-//
-// The returned error is non-nil only when the outcome could not be made
-// durable (database unreachable, ctx canceled during the handler, the
-// connection lost or terminated at COMMIT: these wrap ErrOutcomeUnknown):
-// the delivery must then not be acknowledged, and nothing was counted or
-// marked; Result.HandlerCalled still says whether the handler ran. Handler
-// failures are not errors of Process: they come back as OutcomeRetry or
-// OutcomeDeadLetter with Result.Err set. Serialization failures and
-// deadlocks are retried first as Config.TransientRetry says (see
-// FailureClass for the whole table).
-func (s *Store) Process(ctx context.Context, msg *Message, h Handler) (Result, error) {
-	if msg == nil || h == nil {
-		return Result{}, errors.New("idemq: Process: nil message or handler")
-	}
-	if msg.Identity.Scope == "" || msg.Identity.MessageID == "" {
-		return Result{}, errors.New("idemq: Process: message identity not set (use NewIdentity)")
-	}
-	sum, keyID, err := s.fp.Sum(msg.Payload)
-	if err != nil {
-		return s.Reject(ctx, msg, ReasonBadInput, err)
-	}
-	if res, hit := s.fastLookup(ctx, msg); hit {
-		return res, nil
-	}
-	res, herr, err := s.runAtomic(ctx, msg, sum, keyID, h)
-	if err == nil && res.Status == StatusSucceeded && (res.Outcome == OutcomeProcessed || res.Outcome == OutcomeDuplicate) {
-		s.fastRemember(ctx, msg.Identity, sum, keyID)
-	}
-	if err != nil || herr == nil {
-		return res, err
-	}
-	// The handler failed and its transaction is rolled back. A shutdown is not
-	// the message's fault: mark nothing and let the broker redeliver.
-	if ctx.Err() != nil {
-		return Result{HandlerCalled: true}, fmt.Errorf("%w: handler interrupted: %w", ErrOutcomeUnknown, errors.Join(ctx.Err(), herr))
-	}
-	mres, err := s.markFailed(ctx, msg, sum, keyID, herr, ReasonAttemptsExhausted)
-	if err != nil {
-		return Result{HandlerCalled: true, Attempts: res.Attempts}, wrapUnknown(err)
-	}
-	return mres, nil
-}
-
-// runAtomic is claimAndRun, retried in place as Config.TransientRetry says
-// while it fails with a serialization failure or a deadlock (in the handler,
-// the claim, a mark or the COMMIT). Each try is a new transaction, so a
-// rolled-back try counts no attempt. When the retries are used up, a
-// transient handler failure comes back as herr (the caller marks it: it is
-// then the handler's failure) and a transient error outside the handler as
-// err. HandlerCalled is true when any try ran the handler.
-func (s *Store) runAtomic(ctx context.Context, msg *Message, sum []byte, keyID string, h Handler) (res Result, herr, err error) {
-	type try struct {
-		res       Result
-		herr, err error
-	}
-	called := false
-	last, waitErr := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "process "+msg.Identity.String(), IsTransient, func() (try, error) {
-		var t try
-		t.res, t.herr, t.err = s.claimAndRun(ctx, msg, sum, keyID, h)
-		called = called || t.res.HandlerCalled || t.herr != nil
-		switch {
-		case IsTransient(t.herr):
-			return t, t.herr
-		case IsTransient(t.err):
-			return t, t.err
-		}
-		return t, nil
-	})
-	if waitErr != nil && !IsTransient(waitErr) {
-		// ctx ended while waiting to retry: nothing of this delivery is
-		// durable, and it is not the handler's failure.
-		return Result{HandlerCalled: called}, nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, waitErr)
-	}
-	last.res.HandlerCalled = last.res.HandlerCalled || called
-	return last.res, last.herr, wrapUnknown(last.err)
-}
-
-// Reject records a delivery that cannot be processed at all (bad input: the
-// business-key extractor or canonicalizer failed, the payload cannot be
-// decoded): the record becomes FAILED_FINAL with reason and err, and a
-// dead-letter row keeps the whole message. The handler never runs. A copy of
-// an identity that already has a record is reported as a duplicate.
-//
-// The record keeps the payload's fingerprint when one can be made (the
-// canonicalizer accepts the payload), so that once re-driven (Redrive) the
-// next copy is recognized as the same message and runs the handler. A record
-// without one (the canonicalizer failed) takes the fingerprint of the first
-// copy that reaches it by message ID after its re-drive.
-func (s *Store) Reject(ctx context.Context, msg *Message, reason string, cause error) (Result, error) {
-	if cause == nil {
-		cause = errors.New(reason)
-	}
-	sum, keyID, ferr := s.fp.Sum(msg.Payload)
-	if ferr != nil {
-		sum, keyID = nil, ""
-	}
-	return s.markFailed(ctx, msg, sum, keyID, Permanent(cause), reason)
-}
-
-// record is the locked view of an existing consumption record.
-type record struct {
-	id          int64
-	messageID   string
-	businessKey string
-	fingerprint []byte
-	keyID       string
-	status      Status
-	attempts    int
-}
-
-func (r *record) matchedBy(id Identity) MatchedBy {
-	if r.messageID == id.MessageID {
-		return ByMessageID
-	}
-	return ByBusinessKey
-}
-
-// claimAndRun is step 1–3 of atomic mode. It returns the handler's error
-// separately (herr) when the handler ran and failed, or is transient, or
-// the server refused the COMMIT; the transaction is then already rolled
-// back. A COMMIT whose outcome is unknown returns an err wrapping
-// ErrOutcomeUnknown with HandlerCalled set.
-func (s *Store) claimAndRun(ctx context.Context, msg *Message, sum []byte, keyID string, h Handler) (res Result, herr error, err error) {
-	tx, err := s.pool.BeginTx(ctx, s.cfg.TxOptions)
-	if err != nil {
-		return Result{}, nil, fmt.Errorf("idemq: begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	res, herr, err = s.claimAndRunIn(ctx, tx, msg, sum, keyID, h, true)
-	if err != nil || herr != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return res, herr, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		called := Result{HandlerCalled: res.HandlerCalled, Attempts: res.Attempts}
-		switch commitFailureClass(err) {
-		case FailureOutcomeUnknown:
-			// The connection was lost or terminated at COMMIT: it may or may
-			// not have committed. Not the handler's failure: count and mark
-			// nothing; the next copy finds the truth.
-			return called, nil, fmt.Errorf("%w: commit: %w", ErrOutcomeUnknown, err)
-		case FailureTransient:
-			if res.HandlerCalled {
-				return called, fmt.Errorf("idemq: commit: %w", err), nil
-			}
-			return called, nil, fmt.Errorf("idemq: commit: %w", err)
-		}
-		if res.HandlerCalled {
-			// The server refused the commit: the handler left the
-			// transaction aborted, or a deferred constraint of its writes
-			// failed. That is the handler's failure, marked like any other.
-			return called, fmt.Errorf("idemq: commit refused: %w", err), nil
-		}
-		return Result{}, nil, fmt.Errorf("idemq: commit: %w", err)
-	}
-	return res, nil, nil
-}
-
-// claimAndRunIn claims msg in tx, decides, and runs h in tx when the record
-// must be processed; it marks SUCCEEDED, or the failure, but does not commit.
-// herr is set only when a handler failure could not be marked in tx (the
-// transaction is unusable), or is transient (FailureTransient: the whole
-// transaction must be retried): the caller must then roll back, and retry or
-// markFailed in a new transaction. On err the caller must roll back; an err
-// wrapping ErrOutcomeUnknown (ctx ended, connection lost while the handler
-// ran) comes with HandlerCalled set.
-//
-// optimistic inserts a new record as SUCCEEDED right away (one statement
-// less): only for a caller that commits only when the handler succeeded and
-// that treats a refused commit as the handler's failure (claimAndRun).
-func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, h Handler, optimistic bool) (res Result, herr error, err error) {
-	id := msg.Identity
-	rowID, rec, err := s.claim(ctx, tx, msg, sum, keyID, optimistic)
-	attempts := 1
-	if err != nil {
-		return Result{}, nil, err
-	}
-	if rec != nil {
-		// Someone else's record (or our own earlier one) decides.
-		res, run, err := s.decide(ctx, tx, msg, sum, rec)
-		if err != nil || !run {
-			return res, nil, err
-		}
-		rowID = rec.id
-		if attempts, err = s.q.reclaim(ctx, tx, rec.id, msg); err != nil {
-			return Result{}, nil, err
-		}
-		if _, err := tx.Exec(ctx, "savepoint "+handlerSavepoint); err != nil {
-			return Result{}, nil, fmt.Errorf("idemq: savepoint: %w", err)
-		}
-	}
-
-	// The handler runs after a savepoint (set with the claim): when it fails,
-	// its writes roll back alone and the failure is marked in this same
-	// transaction, still holding the record's row lock, so no other copy can
-	// slip in between.
-	msg.Attempt = attempts
-	called := Result{HandlerCalled: true, Attempts: attempts}
-	herr = runHandler(ctx, tx, msg, h)
-	if herr == nil && optimistic && rec == nil {
-		return Result{Outcome: OutcomeProcessed, Status: StatusSucceeded, Attempts: attempts, HandlerCalled: true}, nil, nil
-	}
-	if herr == nil {
-		err := s.q.markSucceeded(ctx, tx, id, rowID, *s.expiry(StatusSucceeded))
-		if err == nil {
-			return Result{Outcome: OutcomeProcessed, Status: StatusSucceeded, Attempts: attempts, HandlerCalled: true}, nil, nil
-		}
-		// The handler left the transaction unusable (for example it
-		// swallowed an error and went on): that is a handler failure.
-		herr = fmt.Errorf("idemq: mark succeeded: %w", err)
-	}
-	switch handlerFailureClass(ctx, tx, herr) {
-	case FailureOutcomeUnknown:
-		// A shutdown, or the connection lost under the handler, is not the
-		// message's fault: mark nothing; the caller rolls back and the
-		// broker redelivers.
-		return called, nil, fmt.Errorf("%w: handler's transaction lost (shutdown or connection closed): %w", ErrOutcomeUnknown, errors.Join(ctx.Err(), herr))
-	case FailureTransient:
-		// A serialization failure or deadlock dooms the transaction (under
-		// serializable isolation a savepoint does not help): the caller
-		// retries it whole, counting nothing.
-		return called, herr, nil
-	}
-	if _, err := tx.Exec(ctx, "rollback to savepoint "+handlerSavepoint); err != nil {
-		return called, herr, nil // transaction unusable: the caller marks in a new one
-	}
-	res, err = s.markClaimedFailed(ctx, tx, rowID, attempts, msg, sum, herr)
-	if err != nil {
-		return called, herr, nil
-	}
-	return res, nil, nil
-}
-
-// markClaimedFailed marks the record this transaction claimed (attempts
-// already counted by the claim) FAILED_RETRYABLE, or FAILED_FINAL with a dead
-// letter when the error is permanent or the attempts are used up.
-func (s *Store) markClaimedFailed(ctx context.Context, tx pgx.Tx, rowID int64, attempts int, msg *Message, sum []byte, herr error) (Result, error) {
-	status, reason := StatusFailedRetryable, ReasonAttemptsExhausted
-	switch {
-	case IsPermanent(herr):
-		status, reason = StatusFailedFinal, ReasonPermanentError
-	case attempts >= s.cfg.MaxAttempts:
-		status = StatusFailedFinal
-	}
-	if err := s.q.updateFailed(ctx, tx, rowID, status, false, msg, clip(herr.Error(), s.cfg.MaxErrorBytes), ErrorClass(herr), s.expiry(status)); err != nil {
-		return Result{}, err
-	}
-	res := Result{Outcome: OutcomeRetry, Status: status, Attempts: attempts, HandlerCalled: true, Err: herr}
-	if status == StatusFailedFinal {
-		var err error
-		res.Outcome, res.Reason = OutcomeDeadLetter, reason
-		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, herr, attempts, s.cfg.MaxErrorBytes); err != nil {
-			return Result{}, err
-		}
-	}
-	return res, nil
-}
-
-// claim inserts a PROCESSING (optimistic: SUCCEEDED) record with attempts 1
-// (returning its row id),
-// or, when either unique key already exists, locks the existing record FOR
-// UPDATE and returns it.
-func (s *Store) claim(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, optimistic bool) (int64, *record, error) {
-	status, expiry := StatusProcessing, (*float64)(nil)
-	if optimistic {
-		status, expiry = StatusSucceeded, s.expiry(StatusSucceeded)
-	}
-	for try := 0; try < 3; try++ {
-		rowID, rec, err := s.q.claimInsert(ctx, tx, msg, sum, keyID, status, expiry)
-		if err != nil || rowID != 0 || rec != nil {
-			return rowID, rec, err
-		}
-		// The conflicting record vanished between the two statements (purged):
-		// claim again.
-	}
-	return 0, nil, fmt.Errorf("idemq: claim %s: record keeps vanishing", msg.Identity)
-}
-
-// decide applies the state machine to an existing, locked record. run reports
-// whether the handler must run (the record was FAILED_RETRYABLE).
-func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, rec *record) (res Result, run bool, err error) {
-	id := msg.Identity
-	by := rec.matchedBy(id)
-	res = Result{MatchedBy: by, Status: rec.status, Attempts: rec.attempts}
-	if len(rec.fingerprint) == 0 && rec.status == StatusFailedRetryable && by == ByMessageID {
-		// Bad input rejected before its payload could be fingerprinted
-		// (Reject), re-driven since: this copy gives the record its
-		// fingerprint and runs the handler.
-		if _, err := tx.Exec(ctx, `update `+s.q.records+` set fingerprint = $2, fingerprint_key_id = $3 where id = $1`,
-			rec.id, sum, s.fp.CurrentKeyID()); err != nil {
-			return Result{}, false, fmt.Errorf("idemq: fingerprint re-driven record %s: %w", id, err)
-		}
-		return res, true, nil
-	}
-	same, cause := s.fp.Matches(msg.Payload, rec.fingerprint, rec.keyID)
-	if cause != nil || !same {
-		reason := ConflictReason(by, id.BusinessKey, rec.businessKey)
-		cerr := &ConflictError{Reason: reason, Identity: id, MatchedBy: by, Cause: cause,
-			Record: Identity{Scope: id.Scope, MessageID: rec.messageID, BusinessKey: rec.businessKey}}
-		res.Outcome, res.Err, res.Reason = OutcomeConflict, cerr, reason
-		res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, cerr, rec.attempts, s.cfg.MaxErrorBytes)
-		return res, false, err
-	}
-	switch rec.status {
-	case StatusSucceeded, StatusFailedFinal:
-		res.Outcome = OutcomeDuplicate
-		return res, false, nil
-	case StatusFailedRetryable:
-		return res, true, nil
-	default:
-		// PROCESSING committed by a lease-mode owner; atomic mode never
-		// commits it. Leave it to its owner: retry later.
-		res.Outcome, res.Err = OutcomeRetry, fmt.Errorf("idemq: %s is being processed by another owner", id)
-		return res, false, nil
-	}
-}
-
-// markFailed records a failed execution (or a rejection) in its own short
-// transaction after the handler's transaction rolled back. finalReason is the
-// dead-letter reason used when retries are exhausted.
-func (s *Store) markFailed(ctx context.Context, msg *Message, sum []byte, keyID string, herr error, finalReason string) (Result, error) {
-	ctx = context.WithoutCancel(ctx) // the mark must land even during shutdown
-	// A deadlock or serialization failure of the mark is retried at once;
-	// the mark counts its attempt only when it commits.
-	return retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "mark failed "+msg.Identity.String(), IsTransient, func() (Result, error) {
-		tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-		if err != nil {
-			return Result{}, fmt.Errorf("idemq: begin mark failed: %w", err)
-		}
-		defer func() { _ = tx.Rollback(ctx) }()
-		res, err := s.markFailedIn(ctx, tx, msg, sum, keyID, herr, finalReason)
-		if err != nil {
-			return Result{}, err
-		}
-		return res, commit(ctx, tx)
-	})
-}
-
-// markFailedIn is markFailed's work inside tx (no commit).
-func (s *Store) markFailedIn(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, herr error, finalReason string) (Result, error) {
-	permanent := IsPermanent(herr)
-	reason := finalReason
-	if permanent && finalReason == ReasonAttemptsExhausted {
-		reason = ReasonPermanentError
-	}
-	if sum == nil {
-		sum, keyID = []byte{}, s.fp.CurrentKeyID()
-	}
-	errText, class := clip(herr.Error(), s.cfg.MaxErrorBytes), ErrorClass(herr)
-	status := StatusFailedRetryable
-	if permanent || s.cfg.MaxAttempts <= 1 {
-		status = StatusFailedFinal
-	}
-	res := Result{HandlerCalled: finalReason == ReasonAttemptsExhausted, Err: herr}
-	rowID, err := s.q.insert(ctx, tx, msg, sum, keyID, status, 1, errText, class, s.expiry(status))
-	if err != nil {
-		return Result{}, err
-	}
-	res.Attempts = 1
-	if rowID == 0 {
-		rec, err := s.q.lock(ctx, tx, msg.Identity)
-		if err != nil {
-			return Result{}, err
-		}
-		if rec == nil {
-			return Result{}, fmt.Errorf("idemq: mark failed %s: record vanished", msg.Identity)
-		}
-		if rec.status == StatusSucceeded || rec.status == StatusFailedFinal {
-			// Another copy finished meanwhile: this delivery is a duplicate.
-			return Result{Outcome: OutcomeDuplicate, MatchedBy: rec.matchedBy(msg.Identity), Status: rec.status, Attempts: rec.attempts, HandlerCalled: res.HandlerCalled}, nil
-		}
-		res.Attempts = rec.attempts + 1
-		if res.Attempts >= s.cfg.MaxAttempts {
-			status = StatusFailedFinal
-		}
-		if err := s.q.updateFailed(ctx, tx, rec.id, status, true, msg, errText, class, s.expiry(status)); err != nil {
-			return Result{}, err
-		}
-	}
-	res.Status = status
-	res.Outcome = OutcomeRetry
-	if status == StatusFailedFinal {
-		res.Outcome, res.Reason = OutcomeDeadLetter, reason
-		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, herr, res.Attempts, s.cfg.MaxErrorBytes); err != nil {
-			return Result{}, err
-		}
-	}
-	return res, nil
-}
-
-// expiry returns the retention of a status in seconds (nil: never expires).
-func (s *Store) expiry(status Status) *float64 {
-	var d float64
-	switch status {
-	case StatusSucceeded:
-		d = s.cfg.SucceededRetention.Seconds()
-	case StatusFailedFinal:
-		d = s.cfg.FailedFinalRetention.Seconds()
-	default:
-		return nil
-	}
-	return &d
-}
-
-func runHandler(ctx context.Context, tx pgx.Tx, msg *Message, h Handler) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &PanicError{Value: v}
-		}
-	}()
-	return h(ctx, tx, msg)
-}
-
-func commit(ctx context.Context, tx pgx.Tx) error {
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("idemq: commit: %w", err)
-	}
-	return nil
-}
-
-// clip makes s storable in a text column (see pgtext.Clip).
-func clip(s string, n int) string { return pgtext.Clip(s, n) }

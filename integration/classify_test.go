@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -111,7 +112,7 @@ func TestS19BadEntryNeverBlocksABatch(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			e := setup(t, func(cfg *dedup.Config) { cfg.MaxAttempts = 3 })
+			e := setup(t, func(cfg *pgstore.Config) { cfg.MaxAttempts = 3 })
 			tbl := e.table("items")
 			c.prepare(e, tbl)
 			h := newItemHandler(tbl)
@@ -166,7 +167,7 @@ func TestS19BadEntryNeverBlocksABatch(t *testing.T) {
 func TestOutcomeUnknownAtCommit(t *testing.T) {
 	t.Parallel()
 	newEnv := func(t *testing.T) (*env, string, *itemHandler) {
-		e := setup(t, func(cfg *dedup.Config) { cfg.MaxAttempts = 1 })
+		e := setup(t, func(cfg *pgstore.Config) { cfg.MaxAttempts = 1 })
 		tbl := e.table("items")
 		e.exec(`create table ` + tbl + ` (k text primary key)`)
 		return e, tbl, newItemHandler(tbl)
@@ -273,8 +274,8 @@ func TestOutcomeUnknownAtCommit(t *testing.T) {
 		t.Parallel()
 		e, tbl, _ := newEnv(t)
 		e.atCommit(e.table("consumption_records"), "kill_done", "update", `new.message_id = 'm-victim' and new.status = 'SUCCEEDED'`, killOwnBackend, -1)
-		st, err := dedup.NewStore(e.pool, dedup.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t), MaxAttempts: 1,
-			OutcomeUnknownRetry: dedup.RetryPolicy{Attempts: 1, Initial: time.Millisecond}})
+		st, err := pgstore.New(e.pool, pgstore.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t), MaxAttempts: 1,
+			OutcomeUnknownRetry: pgstore.RetryPolicy{Attempts: 1, Initial: time.Millisecond}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -328,7 +329,7 @@ func TestKafkaOutcomeUnknownAtCommitRedelivered(t *testing.T) {
 	for _, mode := range []string{"atomic", "batched", "lease"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			e := setup(t, func(cfg *dedup.Config) { cfg.MaxAttempts = 1 })
+			e := setup(t, func(cfg *pgstore.Config) { cfg.MaxAttempts = 1 })
 			tbl := e.table("items")
 			e.exec(`create table ` + tbl + ` (k text primary key)`)
 			h := newItemHandler(tbl)
@@ -419,14 +420,14 @@ func TestKafkaOutcomeUnknownAtCommitRedelivered(t *testing.T) {
 func TestTransientFailureCountsNoAttempt(t *testing.T) {
 	t.Parallel()
 	newEnv := func(t *testing.T) (*env, string, *itemHandler) {
-		e := setup(t, func(cfg *dedup.Config) { cfg.MaxAttempts = 1 })
+		e := setup(t, func(cfg *pgstore.Config) { cfg.MaxAttempts = 1 })
 		tbl := e.table("items")
 		e.exec(`create table ` + tbl + ` (k text primary key)`)
 		return e, tbl, newItemHandler(tbl)
 	}
 	// once makes h fail its first call with SQLSTATE code, raised by a
 	// statement of its transaction.
-	once := func(h *itemHandler, code string) dedup.Handler {
+	once := func(h *itemHandler, code string) pgstore.Handler {
 		var fired atomic.Bool
 		return func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 			if !fired.Swap(true) {
@@ -525,7 +526,7 @@ func TestTransientFailureCountsNoAttempt(t *testing.T) {
 	})
 }
 
-// A handler runs under the isolation level of dedup.Config.TxOptions (read
+// A handler runs under the isolation level of pgstore.Config.TxOptions (read
 // committed by default), in atomic and batched mode; under serializable, a
 // real serialization conflict between two concurrent handlers (write skew)
 // is retried without using an attempt.
@@ -537,7 +538,7 @@ func TestHandlerIsolationLevel(t *testing.T) {
 	}{{"", "read committed"}, {pgx.RepeatableRead, "repeatable read"}, {pgx.Serializable, "serializable"}} {
 		t.Run(c.want, func(t *testing.T) {
 			t.Parallel()
-			e := setup(t, func(cfg *dedup.Config) { cfg.TxOptions = pgx.TxOptions{IsoLevel: c.level} })
+			e := setup(t, func(cfg *pgstore.Config) { cfg.TxOptions = pgx.TxOptions{IsoLevel: c.level} })
 			var mu sync.Mutex
 			var seen []string
 			h := func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
@@ -562,7 +563,7 @@ func TestHandlerIsolationLevel(t *testing.T) {
 
 	t.Run("serializable write skew", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, func(cfg *dedup.Config) {
+		e := setup(t, func(cfg *pgstore.Config) {
 			cfg.MaxAttempts = 1
 			cfg.TxOptions = pgx.TxOptions{IsoLevel: pgx.Serializable}
 		})
@@ -626,16 +627,16 @@ func TestHandlerIsolationLevel(t *testing.T) {
 // TestLeaseCallAnswersLost covers every lease call one by one.
 func TestCommitReplyLost(t *testing.T) {
 	t.Parallel()
-	newEnv := func(t *testing.T, tweak func(*dedup.Config)) (*env, *faultProxy, *dedup.Store, string, *itemHandler) {
+	newEnv := func(t *testing.T, tweak func(*pgstore.Config)) (*env, *faultProxy, *pgstore.Store, string, *itemHandler) {
 		e := setup(t, nil)
 		tbl := e.table("items")
 		e.exec(`create table ` + tbl + ` (k text primary key)`)
 		proxy, pool := newPGProxy(t, 4)
-		cfg := dedup.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t), MaxAttempts: 1}
+		cfg := pgstore.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t), MaxAttempts: 1}
 		if tweak != nil {
 			tweak(&cfg)
 		}
-		st, err := dedup.NewStore(pool, cfg)
+		st, err := pgstore.New(pool, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -643,7 +644,7 @@ func TestCommitReplyLost(t *testing.T) {
 	}
 	// lose arms the proxy from inside the handler, for the next request
 	// that match accepts.
-	lose := func(p *faultProxy, match func([]byte) bool, h dedup.Handler) dedup.Handler {
+	lose := func(p *faultProxy, match func([]byte) bool, h pgstore.Handler) pgstore.Handler {
 		return func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 			if err := h(ctx, tx, m); err != nil {
 				return err
@@ -726,8 +727,8 @@ func TestCommitReplyLost(t *testing.T) {
 	// lease that another copy could take over.
 	t.Run("lease claim found after its TTL", func(t *testing.T) {
 		t.Parallel()
-		e, proxy, st, tbl, _ := newEnv(t, func(c *dedup.Config) {
-			c.OutcomeUnknownRetry = dedup.RetryPolicy{Attempts: 1, Initial: 3 * time.Second} // waits 1.5s to 4.5s
+		e, proxy, st, tbl, _ := newEnv(t, func(c *pgstore.Config) {
+			c.OutcomeUnknownRetry = pgstore.RetryPolicy{Attempts: 1, Initial: 3 * time.Second} // waits 1.5s to 4.5s
 		})
 		var calls atomic.Int32
 		var live atomic.Bool
@@ -747,7 +748,7 @@ func TestCommitReplyLost(t *testing.T) {
 
 	t.Run("lease claim without retries", func(t *testing.T) {
 		t.Parallel()
-		e, proxy, st, tbl, _ := newEnv(t, func(c *dedup.Config) { c.OutcomeUnknownRetry = dedup.RetryPolicy{Attempts: -1} })
+		e, proxy, st, tbl, _ := newEnv(t, func(c *pgstore.Config) { c.OutcomeUnknownRetry = pgstore.RetryPolicy{Attempts: -1} })
 		var calls atomic.Int32
 		proxy.DropReplyOnce(pgCommitAfter(pgLeaseClaim))
 		res, err := st.ProcessLeased(e.ctx, msg(t, "orders", "m-1", "", "one"), leaseInsert(e, tbl, &calls), leaseOpt)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/jackc/pgx/v5"
 )
@@ -29,7 +30,7 @@ func processors(t *testing.T, calls *callCounter, fp *dedup.Fingerprinter) []pro
 	t.Helper()
 	h := func(_ context.Context, _ pgx.Tx, m *dedup.Message) error { calls.add(m.Identity.MessageID); return nil }
 	lh := func(_ context.Context, m *dedup.Message) error { calls.add(m.Identity.MessageID); return nil }
-	tweak := func(c *dedup.Config) {
+	tweak := func(c *pgstore.Config) {
 		if fp != nil {
 			c.Fingerprinter = fp
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/broker/rocketmqadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
@@ -42,7 +43,7 @@ type crashChildConfig struct {
 	Brokers     []string // Kafka
 	NameServers []string // RocketMQ
 	BatchSize   int      // Kafka: consumer.Config.BatchSize
-	MaxAttempts int      // dedup.Config.MaxAttempts
+	MaxAttempts int      // pgstore.Config.MaxAttempts
 	Poison      string   // message ID whose handler SIGKILLs the process
 	Events      string   // file: one JSON line {"ev":"start","attempt":n} per poison start
 }
@@ -74,7 +75,7 @@ func runCrashChild(cfg crashChildConfig) error {
 	if err != nil {
 		return err
 	}
-	store, err := dedup.NewStore(pool, dedup.Config{Schema: cfg.Schema, Fingerprinter: fp, MaxAttempts: cfg.MaxAttempts})
+	store, err := pgstore.New(pool, pgstore.Config{Schema: cfg.Schema, Fingerprinter: fp, MaxAttempts: cfg.MaxAttempts})
 	if err != nil {
 		return err
 	}
@@ -252,7 +253,7 @@ func TestS17CrashLoopKafka(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
 			const maxAttempts, poison = 3, "ingest/big-78"
-			e := setup(t, func(c *dedup.Config) { c.MaxAttempts = maxAttempts })
+			e := setup(t, func(c *pgstore.Config) { c.MaxAttempts = maxAttempts })
 			e.appliesTable()
 			topic, group := newTopic(t, 2), randomName("g-s17-")
 			produce(t, topic, s17Messages(100)...)
@@ -274,7 +275,7 @@ func TestS17CrashLoopKafka(t *testing.T) {
 func TestS17CrashLoopRocketMQ(t *testing.T) {
 	t.Parallel()
 	const maxAttempts, poison, n = 2, "ingest/big-78", 40
-	e := setup(t, func(c *dedup.Config) { c.MaxAttempts = maxAttempts })
+	e := setup(t, func(c *pgstore.Config) { c.MaxAttempts = maxAttempts })
 	e.appliesTable()
 	group := randomName("it-s17-")
 	topic := rmqTopic(t, "it-s17-", group)

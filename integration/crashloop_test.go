@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,7 +21,7 @@ import (
 // batched modes with real processes in crashloop_process_test.go.
 
 // adminStore is a consumer.Store with the operator's reads and re-drive:
-// *dedup.Store and *redisstore.Store.
+// *pgstore.Store and *redisstore.Store.
 type adminStore interface {
 	consumer.Store
 	Lookup(ctx context.Context, scope, messageID string) (dedup.Record, error)
@@ -39,7 +40,7 @@ func TestS17LeaseOwnersThatDieAreBounded(t *testing.T) {
 	t.Parallel()
 	stores := map[string]func(t *testing.T) adminStore{
 		"postgres": func(t *testing.T) adminStore {
-			return setup(t, func(c *dedup.Config) { c.MaxAttempts = 2 }).store
+			return setup(t, func(c *pgstore.Config) { c.MaxAttempts = 2 }).store
 		},
 		"redis-only": func(t *testing.T) adminStore {
 			return newRedisStore(t, func(c *redisstore.Config) { c.MaxAttempts = 2 })
@@ -189,7 +190,7 @@ const (
 )
 
 // tracedStore is a store on e's schema whose statements stmtCounter counts.
-func tracedStore(t *testing.T, e *env, counter *stmtCounter) *dedup.Store {
+func tracedStore(t *testing.T, e *env, counter *stmtCounter) *pgstore.Store {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(postgresDSN(t))
 	if err != nil {
@@ -202,7 +203,7 @@ func tracedStore(t *testing.T, e *env, counter *stmtCounter) *dedup.Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	st, err := dedup.NewStore(p, e.store.Config())
+	st, err := pgstore.New(p, e.store.Config())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func TestCrashLoopMarkersCostNothingOnFirstDeliveries(t *testing.T) {
 // inside the handler: Postgres rolls the claim back). MaxAttempts 3.
 func TestStartMarkerCountsRunsThatDied(t *testing.T) {
 	t.Parallel()
-	e := setup(t, func(c *dedup.Config) { c.MaxAttempts = 3 })
+	e := setup(t, func(c *pgstore.Config) { c.MaxAttempts = 3 })
 	ctx := e.ctx
 	const scope = "ingest"
 	mark := func(id, bk, payload string) dedup.StartMark {
@@ -344,7 +345,7 @@ func TestStartMarkerCountsRunsThatDied(t *testing.T) {
 
 	// With MaxAttempts 1 the unmarked first run alone never dead-letters: a
 	// delivery that may never have run gets its run.
-	one := setup(t, func(c *dedup.Config) { c.MaxAttempts = 1 })
+	one := setup(t, func(c *pgstore.Config) { c.MaxAttempts = 1 })
 	if m, err := one.store.MarkStart(ctx, msg(t, scope, "big-3", "", "p")); err != nil || !m.Run {
 		t.Fatalf("MaxAttempts 1, first marker: %+v %v", m, err)
 	}
@@ -387,7 +388,7 @@ func TestStartMarkerCountsRunsThatDied(t *testing.T) {
 func TestS17LeaseCapClaimAnswerLost(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil)
-	st, p := proxiedLeaseStore(t, e, func(c *dedup.Config) { c.MaxAttempts = 1 })
+	st, p := proxiedLeaseStore(t, e, func(c *pgstore.Config) { c.MaxAttempts = 1 })
 	const scope, id = "ingest", "ingest/big-78"
 	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1} // no heartbeat statements on the wire
 	release := make(chan struct{})

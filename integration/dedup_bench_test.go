@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -106,8 +107,8 @@ func benchMsg(b *testing.B, id string) *dedup.Message {
 
 // benchPayments is the benchmarks' shared workload: a test schema with a
 // bench_payments table, insert (the business write alone, for the ceiling)
-// and handler (the same write as a dedup.Handler, keyed by message ID).
-func benchPayments(b *testing.B) (*env, func(context.Context, pgx.Tx, string) error, dedup.Handler) {
+// and handler (the same write as a pgstore.Handler, keyed by message ID).
+func benchPayments(b *testing.B) (*env, func(context.Context, pgx.Tx, string) error, pgstore.Handler) {
 	e := setup(b, nil)
 	tbl := e.table("bench_payments")
 	e.exec(`create table ` + tbl + ` (payment_id text primary key, amount bigint not null)`)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -207,7 +208,7 @@ func TestS10UniqueViolations(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(one.Close)
-	st, err := dedup.NewStore(one, dedup.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t)})
+	st, err := pgstore.New(one, pgstore.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,10 +253,10 @@ func TestS10UniqueViolations(t *testing.T) {
 	// (b) a new message whose handler violates the business table's unique
 	// constraint: a handler failure, FAILED_RETRYABLE naming the constraint,
 	// never acked as a duplicate.
-	check := func(part, id string, h dedup.Handler) {
+	check := func(part, id string, h pgstore.Handler) {
 		t.Helper()
 		res, err := st.Process(e.ctx, msg(t, "orders", id, "", "ord-1"), h)
-		if err != nil || res.Outcome != dedup.OutcomeRetry || res.Outcome.Acked() || !dedup.IsUniqueViolation(res.Err, constraint) {
+		if err != nil || res.Outcome != dedup.OutcomeRetry || res.Outcome.Acked() || !pgstore.IsUniqueViolation(res.Err, constraint) {
 			t.Fatalf("(%s): %+v %v", part, res, err)
 		}
 		r, err := st.Lookup(e.ctx, "orders", id)
@@ -343,7 +344,7 @@ func TestCommitRefusedIsAHandlerFailure(t *testing.T) {
 	}
 	for _, c := range []struct {
 		id string
-		h  dedup.Handler
+		h  pgstore.Handler
 	}{{"m-swallow", swallow}, {"m-deferred", deferred}} {
 		res, err := e.store.Process(e.ctx, msg(t, "ledger", c.id, "", "x"), c.h)
 		if err != nil || res.Outcome != dedup.OutcomeRetry || !res.HandlerCalled || res.Attempts != 1 {

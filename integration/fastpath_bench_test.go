@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisfast"
 	"github.com/redis/go-redis/v9"
 )
@@ -34,7 +35,7 @@ func BenchmarkFastPathRedisDown(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	down, err := dedup.NewStore(e.pool, dedup.Config{Schema: e.schema, Fingerprinter: testFingerprinter(b), FastPath: fast})
+	down, err := pgstore.New(e.pool, pgstore.Config{Schema: e.schema, Fingerprinter: testFingerprinter(b), FastPath: fast})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func BenchmarkFastPathRedisDown(b *testing.B) {
 
 	stores := []struct {
 		name string
-		st   *dedup.Store
+		st   *pgstore.Store
 		took time.Duration
 		n    int
 	}{{name: "postgres-only", st: e.store}, {name: "redis-down", st: down}}

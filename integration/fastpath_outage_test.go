@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisfast"
 	"github.com/redis/go-redis/v9"
 )
@@ -63,7 +64,7 @@ func TestFastPathRedisOutageMidStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := setup(t, func(c *dedup.Config) { c.FastPath = fast })
+	e := setup(t, func(c *pgstore.Config) { c.FastPath = fast })
 	a := newApplier(e.appliesTable())
 	topic, group := newTopic(t, 3), randomName("g-")
 	var counters consumer.Counters

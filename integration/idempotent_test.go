@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisfast"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/redis/go-redis/v9"
@@ -424,14 +425,14 @@ func waitLeaseGone(t *testing.T, s *redisstore.Store, messageID string) {
 
 // proxiedLeaseStore is a Postgres store on e's schema whose pool reaches
 // Postgres through a faultProxy (newPGProxy).
-func proxiedLeaseStore(t *testing.T, e *env, tweak func(*dedup.Config)) (*dedup.Store, *faultProxy) {
+func proxiedLeaseStore(t *testing.T, e *env, tweak func(*pgstore.Config)) (*pgstore.Store, *faultProxy) {
 	t.Helper()
 	p, pool := newPGProxy(t, 4)
-	dc := dedup.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t)}
+	dc := pgstore.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t)}
 	if tweak != nil {
 		tweak(&dc)
 	}
-	st, err := dedup.NewStore(pool, dc)
+	st, err := pgstore.New(pool, dc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -503,7 +504,7 @@ func TestLeaseCallAnswersLost(t *testing.T) {
 	t.Run("claim", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, nil)
-		st, p := proxiedLeaseStore(t, e, func(c *dedup.Config) { c.MaxAttempts = 1 })
+		st, p := proxiedLeaseStore(t, e, func(c *pgstore.Config) { c.MaxAttempts = 1 })
 		var calls atomic.Int32
 		p.DropReplyOnce(pgCommitAfter(pgLeaseClaim))
 		r, err := st.ProcessLeased(e.ctx, msg(t, "capture", "cap-88", "", "x"), func(context.Context, *dedup.Message) error {
@@ -583,7 +584,7 @@ func TestLeaseCallAnswersLost(t *testing.T) {
 		t.Parallel()
 		e := setup(t, nil)
 		logs := &logBuffer{}
-		st, p := proxiedLeaseStore(t, e, func(c *dedup.Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
+		st, p := proxiedLeaseStore(t, e, func(c *pgstore.Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
 		ctx, cancel := context.WithCancel(e.ctx)
 		_, err := st.ProcessLeased(ctx, msg(t, "billing", "m-stop", "", "x"), func(hctx context.Context, _ *dedup.Message) error {
 			p.DropReplyOnce(pgExecOf(pgLeaseRelease))

@@ -11,6 +11,7 @@ import (
 	"github.com/idemq/idemq/broker/kafkaadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 )
@@ -299,7 +300,7 @@ type applier struct {
 
 func newApplier(table string) *applier { return &applier{table: table, calls: map[string]int{}} }
 
-func (a *applier) handler() dedup.Handler {
+func (a *applier) handler() pgstore.Handler {
 	return func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 		a.mu.Lock()
 		a.calls[m.Identity.MessageID]++

@@ -17,6 +17,7 @@ import (
 	"github.com/idemq/idemq/broker/kafkaadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 )
@@ -94,7 +95,7 @@ func TestS02OffsetNeverAheadOfProcessing(t *testing.T) {
 	for _, permanent := range []bool{false, true} {
 		t.Run(fmt.Sprintf("permanent=%v", permanent), func(t *testing.T) {
 			t.Parallel()
-			e := setup(t, func(c *dedup.Config) { c.MaxAttempts = 3 })
+			e := setup(t, func(c *pgstore.Config) { c.MaxAttempts = 3 })
 			a := newApplier(e.appliesTable())
 			a.fail = func(m *dedup.Message) error {
 				if m.Identity.MessageID != "m-21" {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -200,7 +201,7 @@ func TestS14ClockSkewUsesDatabaseTime(t *testing.T) {
 	if err := pool.QueryRow(base.ctx, `select extract(epoch from now() - clock_timestamp())`).Scan(&dbAhead); err != nil || dbAhead > -590 {
 		t.Fatalf("shadowed now() is %.0fs from the real clock (%v), want about -600", dbAhead, err)
 	}
-	st, err := dedup.NewStore(pool, dedup.Config{Schema: base.schema, Fingerprinter: testFingerprinter(t), SucceededRetention: time.Minute})
+	st, err := pgstore.New(pool, pgstore.Config{Schema: base.schema, Fingerprinter: testFingerprinter(t), SucceededRetention: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

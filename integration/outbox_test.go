@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/outbox"
 	"github.com/jackc/pgx/v5"
 )
@@ -333,7 +334,7 @@ func TestOutboxRollbackLeavesNoRow(t *testing.T) {
 	o := setupOutbox(t)
 	topic := newTopic(t, 1)
 	calls := 0
-	failing := func(fail error) dedup.Handler {
+	failing := func(fail error) pgstore.Handler {
 		return func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			calls++
 			for i := range 3 {

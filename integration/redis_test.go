@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisfast"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
@@ -30,7 +31,7 @@ func setupFast(t testing.TB, client *redis.Client) (*env, *redisfast.FastPath) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return setup(t, func(c *dedup.Config) { c.FastPath = fp }), fp
+	return setup(t, func(c *pgstore.Config) { c.FastPath = fp }), fp
 }
 
 // Duplicates of SUCCEEDED records are answered by Redis; a conflicting

@@ -25,6 +25,7 @@ import (
 	"github.com/idemq/idemq/broker/rocketmqadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -191,7 +192,7 @@ func rmqRetryCopy(m *primitive.MessageExt, group, offsetMsgID string, offset int
 	return c
 }
 
-func rmqListener(t testing.TB, e *env, scope string, h dedup.Handler, obs *rmqObserver) *rocketmqadapter.Listener {
+func rmqListener(t testing.TB, e *env, scope string, h pgstore.Handler, obs *rmqObserver) *rocketmqadapter.Listener {
 	t.Helper()
 	l, err := rocketmqadapter.NewListener(rocketmqadapter.Config{
 		Consumer: consumer.Config{Scope: scope, Store: e.store, Handler: h, BusinessKey: rocketmqadapter.BusinessKeyFromKeys},
@@ -568,7 +569,7 @@ func TestRocketMQS07PerCopyStorageIDs(t *testing.T) {
 
 func TestRocketMQS08PoisonMessage(t *testing.T) {
 	t.Parallel()
-	e := setup(t, func(c *dedup.Config) { c.MaxAttempts = 4 })
+	e := setup(t, func(c *pgstore.Config) { c.MaxAttempts = 4 })
 	tbl := e.paymentsTable()
 	var calls atomic.Int64
 	var fixed atomic.Bool
@@ -763,7 +764,7 @@ func TestRocketMQRetryThroughRetryTopic(t *testing.T) {
 // in Postgres, ConsumeSuccess, no further deliveries, nothing in %DLQ%.
 func TestRocketMQPoisonThroughRetryTopic(t *testing.T) {
 	t.Parallel()
-	e := setup(t, func(c *dedup.Config) { c.MaxAttempts = 3 })
+	e := setup(t, func(c *pgstore.Config) { c.MaxAttempts = 3 })
 	group := randomName("it-poison-")
 	topic := rmqTopic(t, "it-poison-", group)
 	var calls atomic.Int64
@@ -1027,7 +1028,7 @@ func TestRocketMQTwoProcessesKillMidRun(t *testing.T) {
 // is retried in place until its outcome is durable.
 func TestRocketMQLastCopyRetriedInPlace(t *testing.T) {
 	t.Parallel()
-	e := setup(t, func(c *dedup.Config) { c.MaxAttempts = 4 })
+	e := setup(t, func(c *pgstore.Config) { c.MaxAttempts = 4 })
 	tbl := e.paymentsTable()
 	var calls atomic.Int64
 	h := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {

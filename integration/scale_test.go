@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/outbox"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,7 +40,7 @@ from generate_series(1, 200000) g`)
 		t.Fatal(err)
 	}
 	t.Cleanup(one.Close)
-	st, err := dedup.NewStore(one, dedup.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t)})
+	st, err := pgstore.New(one, pgstore.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/internal/versions"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -456,22 +457,22 @@ type env struct {
 	ctx    context.Context
 	pool   *pgxpool.Pool
 	schema string
-	store  *dedup.Store
+	store  *pgstore.Store
 }
 
 // setup creates a fresh schema with migrated idemq tables; cfg tweaks the
 // store config (Schema and Fingerprinter are filled in).
-func setup(t testing.TB, tweak func(*dedup.Config)) *env {
+func setup(t testing.TB, tweak func(*pgstore.Config)) *env {
 	t.Helper()
 	p := testPool(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	schema := randomName("t_")
-	cfg := dedup.Config{Schema: schema, Fingerprinter: testFingerprinter(t)}
+	cfg := pgstore.Config{Schema: schema, Fingerprinter: testFingerprinter(t)}
 	if tweak != nil {
 		tweak(&cfg)
 	}
-	st, err := dedup.NewStore(p, cfg)
+	st, err := pgstore.New(p, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@
 //
 // # Writing
 //
-// Inside a dedup.Handler, write rows through the transaction you are given:
+// Inside a pgstore.Handler, write rows through the transaction you are given:
 //
 //	func confirm(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 //		if _, err := tx.Exec(ctx, `insert into orders ...`); err != nil {
@@ -32,7 +32,7 @@
 // last_error, last_attempt_at, parked_at, published_at, published_by. Schema
 // and table names are configurable (Config) and always quoted with
 // pgx.Identifier. Outbox.Migrate applies the embedded, numbered migrations
-// with tern under the advisory lock that dedup.Store.Migrate uses, recording
+// with tern under the advisory lock that pgstore.Store.Migrate uses, recording
 // the version in <table>_schema_version.
 //
 // # Relaying

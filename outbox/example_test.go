@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/outbox"
 	"github.com/jackc/pgx/v5"
 )
@@ -46,7 +47,7 @@ func ExampleOutbox_Add() {
 		})
 		return err
 	}
-	_ = dedup.Handler(confirm)
+	_ = pgstore.Handler(confirm)
 }
 
 // The envelope is what the relay publishes, identical on every republish:

@@ -17,7 +17,7 @@ var migrationFS embed.FS
 // migrations (outbox/migrations/NNN_*.sql) that the database does not have
 // yet, recording the version in <schema>.<table>_schema_version. It is safe
 // to call from many processes at once (a Postgres advisory lock serializes
-// them, together with dedup.Store.Migrate) and cheap when there is nothing
+// them, together with pgstore.Store.Migrate) and cheap when there is nothing
 // to do. It returns ErrNoPool on an
 // Outbox built without a pool.
 func (o *Outbox) Migrate(ctx context.Context) error {

@@ -60,7 +60,7 @@ type Message struct {
 
 // Causation returns the causation ID of a handled message: the string form
 // of its dedup identity ("scope/message ID[/business key]"), or "" for nil.
-// Use it to fill Message.CausationID from inside a dedup.Handler.
+// Use it to fill Message.CausationID from inside a pgstore.Handler.
 func Causation(m *dedup.Message) string {
 	if m == nil || m.Identity.MessageID == "" {
 		return ""
@@ -158,7 +158,7 @@ func AddBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]uuid.UUID, erro
 }
 
 // Add writes msg as one outbox row in tx, the caller's transaction (in a
-// dedup.Handler: the tx it is given), and returns the row's message ID, a
+// pgstore.Handler: the tx it is given), and returns the row's message ID, a
 // UUIDv7 (time-ordered). The row becomes visible to relays when tx commits
 // and vanishes if tx rolls back. Unless Config.DisableNotify, the same
 // statement sends a pg_notify that Postgres delivers at commit. Cost: one
@@ -166,7 +166,7 @@ func AddBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]uuid.UUID, erro
 //
 // Errors: ErrNilTx; ErrInvalidMessage (wrapped, naming the field); a
 // database error, after which tx is aborted (SQLSTATE 25P02) and must be
-// rolled back (a dedup.Handler returns the error and idemq rolls back).
+// rolled back (a pgstore.Handler returns the error and idemq rolls back).
 func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msg Message) (uuid.UUID, error) {
 	ids, err := o.AddBatch(ctx, tx, []Message{msg})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/idemq/idemq/broker/kafkaadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
@@ -34,7 +35,7 @@ func ExampleNewSource() {
 		log.Fatal(err)
 	}
 	fp, _ := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "2026-11", Secret: []byte(os.Getenv("IDEMQ_SECRET"))})
-	store, err := dedup.NewStore(pool, dedup.Config{Fingerprinter: fp})
+	store, err := pgstore.New(pool, pgstore.Config{Fingerprinter: fp})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -164,7 +165,7 @@ func TestDelayLevelsAndHorizon(t *testing.T) {
 
 // offlineStore is a Store whose database is unreachable (nothing listens on
 // port 1): NewStore does not connect, and every Process fails fast.
-func offlineStore(t *testing.T, tweak func(*dedup.Config)) *dedup.Store {
+func offlineStore(t *testing.T, tweak func(*pgstore.Config)) *pgstore.Store {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig("postgres://idemq:idemq@127.0.0.1:1/idemq?sslmode=disable&connect_timeout=2")
 	if err != nil {
@@ -179,11 +180,11 @@ func offlineStore(t *testing.T, tweak func(*dedup.Config)) *dedup.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dc := dedup.Config{Fingerprinter: fp}
+	dc := pgstore.Config{Fingerprinter: fp}
 	if tweak != nil {
 		tweak(&dc)
 	}
-	st, err := dedup.NewStore(pool, dc)
+	st, err := pgstore.New(pool, dc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +194,7 @@ func offlineStore(t *testing.T, tweak func(*dedup.Config)) *dedup.Store {
 func noop(context.Context, pgx.Tx, *dedup.Message) error { return nil }
 
 func TestConfigValidation(t *testing.T) {
-	st := offlineStore(t, func(c *dedup.Config) { c.MaxAttempts = 5 })
+	st := offlineStore(t, func(c *pgstore.Config) { c.MaxAttempts = 5 })
 	base := func() Config {
 		return Config{Consumer: consumer.Config{Store: st, Handler: noop}, Group: "g1"}
 	}
@@ -241,7 +242,7 @@ func TestConfigValidation(t *testing.T) {
 }
 
 func TestRetentionMustExceedHorizon(t *testing.T) {
-	st := offlineStore(t, func(c *dedup.Config) { c.SucceededRetention = 2 * time.Hour })
+	st := offlineStore(t, func(c *pgstore.Config) { c.SucceededRetention = 2 * time.Hour })
 	_, err := NewListener(Config{Consumer: consumer.Config{Store: st, Handler: noop, Scope: "g"}})
 	if !errors.Is(err, dedup.ErrRetentionTooShort) {
 		t.Fatalf("err = %v, want ErrRetentionTooShort", err)

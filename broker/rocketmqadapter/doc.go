@@ -58,7 +58,7 @@
 // # Retries and attempts
 //
 // The number of handler executions is decided by the consumption record's
-// attempts column in Postgres and dedup.Config.MaxAttempts, not by the
+// attempts column in Postgres and pgstore.Config.MaxAttempts, not by the
 // copy's ReconsumeTimes: copies may be lost, duplicated or reordered, and a
 // copy delivered because the database was down did not run the handler. When
 // the last attempt fails the store writes FAILED_FINAL and a dead-letter row
@@ -130,7 +130,7 @@
 //
 // A record must outlive every copy the broker may still deliver.
 // RedeliveryHorizon sums the delay levels a message passes through up to
-// MaxReconsumeTimes; NewListener refuses a dedup.Config.SucceededRetention
+// MaxReconsumeTimes; NewListener refuses a pgstore.Config.SucceededRetention
 // that does not exceed it plus one ConsumeTimeout per delivery (see
-// dedup.Store.ValidateRetention).
+// pgstore.Store.ValidateRetention).
 package rocketmqadapter

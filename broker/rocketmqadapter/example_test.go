@@ -10,6 +10,7 @@ import (
 	"github.com/idemq/idemq/broker/rocketmqadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -55,7 +56,7 @@ func ExampleNewPushConsumer() {
 		log.Fatal(err)
 	}
 	fp, _ := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "k1", Secret: []byte("a-secret-from-your-secret-store")})
-	store, err := dedup.NewStore(pool, dedup.Config{Fingerprinter: fp, MaxAttempts: 5})
+	store, err := pgstore.New(pool, pgstore.Config{Fingerprinter: fp, MaxAttempts: 5})
 	if err != nil {
 		log.Fatal(err)
 	}

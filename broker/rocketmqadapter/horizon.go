@@ -60,7 +60,7 @@ func ParseDelayLevels(s string) ([]time.Duration, error) {
 // redeliveries (-1 or 0 mean 16), after which it goes to %DLQ%. levels are
 // the broker's messageDelayLevel durations (DefaultDelayLevels). With the
 // defaults it is 4h45m40s. Feed it, plus any consume time, to
-// dedup.Store.ValidateRetention (Config.Horizon does).
+// pgstore.Store.ValidateRetention (Config.Horizon does).
 func RedeliveryHorizon(levels []time.Duration, maxReconsumeTimes int32) time.Duration {
 	if maxReconsumeTimes <= 0 {
 		maxReconsumeTimes = DefaultMaxReconsumeTimes

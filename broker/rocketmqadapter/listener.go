@@ -13,6 +13,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -391,7 +392,7 @@ func (l *Listener) Abort() {
 // boundHandler gives each execution of h a deadline of limit; a handler error
 // after the deadline passed is reported as a timeout (errors.Is
 // context.DeadlineExceeded, class "timeout").
-func boundHandler(h dedup.Handler, limit time.Duration) dedup.Handler {
+func boundHandler(h pgstore.Handler, limit time.Duration) pgstore.Handler {
 	return func(ctx context.Context, tx pgx.Tx, msg *dedup.Message) error {
 		hctx, cancel := context.WithTimeout(ctx, limit)
 		defer cancel()

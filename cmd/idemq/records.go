@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -93,12 +94,12 @@ func (f *storeFlags) postgresOnly(cmd string) error {
 
 // open returns a Store for administration. Administration never computes a
 // fingerprint, so the store gets a placeholder key that is never used.
-func (f *storeFlags) open(ctx context.Context) (*pgxpool.Pool, *dedup.Store, error) {
+func (f *storeFlags) open(ctx context.Context) (*pgxpool.Pool, *pgstore.Store, error) {
 	pool, err := pgxpool.New(ctx, f.db.dsn)
 	if err != nil {
 		return nil, nil, err
 	}
-	st, err := dedup.NewStore(pool, dedup.Config{Schema: f.db.schema, RecordsTable: f.records, DeadLettersTable: f.deadLetters, Fingerprinter: adminFingerprinter()})
+	st, err := pgstore.New(pool, pgstore.Config{Schema: f.db.schema, RecordsTable: f.records, DeadLettersTable: f.deadLetters, Fingerprinter: adminFingerprinter()})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

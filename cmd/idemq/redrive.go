@@ -19,7 +19,7 @@ import (
 )
 
 // asNewFlags are redrive's flags for re-driving a conflict's dead letter as
-// a new message (dedup.Store.RedriveAsNew): the dead letter, the override
+// a new message (pgstore.Store.RedriveAsNew): the dead letter, the override
 // for payload conflicts, and the broker the message is published to.
 type asNewFlags struct {
 	asNew, force         bool

@@ -3,7 +3,7 @@
 // TTL; later copies are answered from Redis without touching Postgres.
 //
 // Redis is never the source of truth. A miss, a Redis error (the store counts
-// it, see dedup.Store.FastPathStats) or a value that is not a SUCCEEDED entry
+// it, see pgstore.Store.FastPathStats) or a value that is not a SUCCEEDED entry
 // (a claim marker left by a worker that died before its commit) falls through
 // to Postgres. A hit is trusted only when the remembered payload fingerprint
 // matches, so conflicts still reach the dead-letter path. Losing Redis (a

@@ -6,6 +6,7 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisfast"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,7 +25,7 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	fp, _ := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "k1", Secret: []byte("a-secret-from-your-secret-store")})
-	store, err := dedup.NewStore(pool, dedup.Config{Fingerprinter: fp, FastPath: fast, Logger: logger})
+	store, err := pgstore.New(pool, pgstore.Config{Fingerprinter: fp, FastPath: fast, Logger: logger})
 	if err != nil {
 		log.Fatal(err)
 	}

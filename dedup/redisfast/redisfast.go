@@ -79,7 +79,7 @@ type Config struct {
 	// Logger receives one warning when the breaker opens, one info line
 	// when it closes, debug lines for failed probes, and the one-time
 	// warning about the client's settings; never a line per message. Give
-	// it the dedup.Config.Logger of the store. Default slog.Default().
+	// it the pgstore.Config.Logger of the store. Default slog.Default().
 	Logger *slog.Logger
 }
 

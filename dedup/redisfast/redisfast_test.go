@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 )
 
 func TestEncodeDecode(t *testing.T) {
@@ -127,7 +128,7 @@ func TestStoreRefusesTTLAboveRetention(t *testing.T) {
 		t.Fatal(err)
 	}
 	fp, _ := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "k1", Secret: []byte("0123456789abcdef")})
-	_, err = dedup.NewStore(&pgxpool.Pool{}, dedup.Config{Fingerprinter: fp, FastPath: fast}) // SucceededRetention 7d
+	_, err = pgstore.New(&pgxpool.Pool{}, pgstore.Config{Fingerprinter: fp, FastPath: fast}) // SucceededRetention 7d
 	if !errors.Is(err, dedup.ErrInvalidConfig) {
 		t.Fatalf("TTL 30d over retention 7d: err = %v", err)
 	}

@@ -70,7 +70,7 @@ func (s *Store) lookup(ctx context.Context, scope, messageID string) (dedup.Reco
 }
 
 // Redrive is the operator's re-drive of a FAILED_FINAL record of (scope,
-// message ID), as dedup.Store.Redrive: the record becomes FAILED_RETRYABLE
+// message ID), as pgstore.Store.Redrive: the record becomes FAILED_RETRYABLE
 // (attempts kept, so each re-drive allows one more execution) and the next
 // delivery of the message runs the handler. Dead letters in the stream are
 // kept as they are (a stream entry is not updated); the record notes

@@ -77,6 +77,6 @@
 //     a TTL, so a volatile-* policy would evict records and leases first and
 //     silently let copies run again.
 //
-// When the handler writes to Postgres, use dedup.Store instead: its atomic
+// When the handler writes to Postgres, use pgstore.Store instead: its atomic
 // mode makes the record and the effects one transaction.
 package redisstore

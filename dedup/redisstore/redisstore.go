@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/idemq/idemq/dedup"
+	leaseengine "github.com/idemq/idemq/internal/lease"
 	"github.com/idemq/idemq/internal/pgtext"
 	"github.com/redis/go-redis/v9"
 )
@@ -173,7 +174,7 @@ func (k keys) bkOrRecord(bk, rec string) string {
 // owner token rotates; when the dead owner had used the last attempt the
 // record becomes FAILED_FINAL with a dead letter instead
 // (dedup.ReasonAttemptsExhausted, Result.Err wrapping dedup.ErrExecutionLost),
-// as dedup.Store.ProcessLeased does.
+// as pgstore.Store.ProcessLeased does.
 //
 // While h runs, a watchdog renews the lease every opt.Heartbeat; if it finds
 // another owner it cancels h's context with dedup.ErrFenced, and if no
@@ -182,7 +183,7 @@ func (k keys) bkOrRecord(bk, rec string) string {
 // token and fence: a stale owner gets OutcomeFenced (do not ack). A handler
 // interrupted by ctx gives the lease back without counting the attempt and
 // returns an error (do not ack). Outcomes and errors otherwise mean what they
-// mean for dedup.Store.ProcessLeased; a non-nil error (Redis unreachable)
+// mean for pgstore.Store.ProcessLeased; a non-nil error (Redis unreachable)
 // means the outcome was not recorded: do not ack.
 func (s *Store) ProcessLeased(ctx context.Context, msg *dedup.Message, h dedup.LeaseHandler, opt dedup.LeaseOptions) (dedup.Result, error) {
 	if msg == nil || h == nil {
@@ -192,7 +193,7 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *dedup.Message, h dedup.L
 	if err := opt.ValidateUnder(0); err != nil {
 		return dedup.Result{}, err
 	}
-	sums, err := s.cfg.Fingerprinter.SumAll(msg.Payload)
+	sums, err := s.keyedSums(msg.Payload)
 	if err != nil {
 		return s.Reject(ctx, msg, dedup.ReasonBadInput, err)
 	}
@@ -200,7 +201,10 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *dedup.Message, h dedup.L
 	if err != nil || c == nil {
 		return res, err
 	}
-	return dedup.RunLease(ctx, msg, c.lease, h, opt, s.cfg.MaxAttempts, &redisLease{s: s, msg: msg, c: c, ttl: opt.TTL}, s.cfg.Logger)
+	return leaseengine.Run(ctx, leaseengine.Params{
+		Message: msg, Lease: c.lease, Handler: h, Options: opt, MaxAttempts: s.cfg.MaxAttempts,
+		Marks: &redisLease{s: s, msg: msg, c: c, ttl: opt.TTL}, Logger: s.cfg.Logger,
+	})
 }
 
 // claimed is a claim this execution holds.
@@ -253,7 +257,7 @@ func flag(b bool) string {
 
 // claim runs claimScript. It returns a nil claim with the delivery's result
 // when the handler must not run.
-func (s *Store) claim(ctx context.Context, msg *dedup.Message, sums []dedup.KeyedSum, ttl time.Duration) (*claimed, dedup.Result, error) {
+func (s *Store) claim(ctx context.Context, msg *dedup.Message, sums []keyedSum, ttl time.Duration) (*claimed, dedup.Result, error) {
 	id := msg.Identity
 	k := s.keysOf(id.Scope)
 	token := uuid.New()
@@ -413,7 +417,7 @@ func finishReply(v []any) (dlID int64, fenced bool, err error) {
 // with a dead letter holding the whole message, unless it already ended
 // (then OutcomeDuplicate) or a live lease holds it (OutcomeRetry with
 // dedup.ErrLeaseHeld). A record created here keeps the payload's
-// fingerprint when one can be made, as with dedup.Store: once re-driven, the
+// fingerprint when one can be made, as with pgstore.Store: once re-driven, the
 // next copy of the message runs the handler, and a later message with the
 // same business key and another payload is a conflict. A nil cause becomes
 // an error naming reason.
@@ -431,7 +435,7 @@ func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, c
 	// The payload's fingerprint, when it can be made, stays with a record
 	// created here: re-driven, it then recognizes the next copy.
 	fp := ""
-	if sums, err := s.cfg.Fingerprinter.SumAll(msg.Payload); err == nil {
+	if sums, err := s.keyedSums(msg.Payload); err == nil {
 		fp = sums[0].KeyID + ":" + hex.EncodeToString(sums[0].Sum)
 	}
 	v, _, err := follow(id, func(recMID string, viaBK bool) ([]any, error) {
@@ -483,4 +487,25 @@ func streamID(id string) int64 {
 // entryID is streamID's inverse.
 func entryID(id int64) string {
 	return strconv.FormatInt(id/1_000_000, 10) + "-" + strconv.FormatInt(id%1_000_000, 10)
+}
+
+// keyedSum is a fingerprint and the ID of the key it was made with.
+type keyedSum struct {
+	KeyID string
+	Sum   []byte
+}
+
+// keyedSums is the payload's fingerprint under every configured key, current
+// key first (the scripts compare against each; new records get the first).
+func (s *Store) keyedSums(payload []byte) ([]keyedSum, error) {
+	byID, err := s.cfg.Fingerprinter.Sums(payload)
+	if err != nil {
+		return nil, err
+	}
+	ids := s.cfg.Fingerprinter.KeyIDs()
+	out := make([]keyedSum, len(ids))
+	for i, id := range ids {
+		out[i] = keyedSum{KeyID: id, Sum: byID[id]}
+	}
+	return out, nil
 }

@@ -49,7 +49,7 @@ return tostring(now)
 `)
 
 // RedriveAsNew re-drives dead letter deadLetterID of scope as a new message,
-// as dedup.Store.RedriveAsNew does on Postgres: an audit hash
+// as pgstore.Store.RedriveAsNew does on Postgres: an audit hash
 // "…:redrive:<dead-letter ID>" (created once per dead letter, expiring with
 // the dead letters after FailedRetention), then opt.Publish under the
 // derived message ID dedup.RedriveAsNewID(message ID, deadLetterID), then the
@@ -58,7 +58,7 @@ return tostring(now)
 // failed publishes when repeated. Only conflicts are re-driven
 // (dedup.RedrivableAsNew): message-ID collisions always, payload conflicts
 // with opt.Force, and not when their business key has a record. Errors as
-// dedup.Store.RedriveAsNew: dedup.ErrNotFound (no such dead letter, or it
+// pgstore.Store.RedriveAsNew: dedup.ErrNotFound (no such dead letter, or it
 // was trimmed), dedup.ErrPayloadConflict, dedup.ErrNotAConflict,
 // dedup.ErrInvalidConfig, or the publish's error, wrapped.
 func (s *Store) RedriveAsNew(ctx context.Context, scope string, deadLetterID int64, opt dedup.RedriveAsNewOptions) (dedup.RedriveAsNewResult, error) {

@@ -197,7 +197,7 @@ func TestScriptsAnswerASecondRunTheSame(t *testing.T) {
 			// An owner that never reports back used the last attempt: the
 			// next claim dead-letters.
 			msg5 := testMsg(t, "m-5", "", "e")
-			sums, _ := s.cfg.Fingerprinter.SumAll(msg5.Payload)
+			sums, _ := s.keyedSums(msg5.Payload)
 			for attempt := 1; attempt <= 2; attempt++ {
 				c, _, err := s.claim(ctx, msg5, sums, time.Second)
 				if err != nil || c == nil || c.lease.Attempt != attempt {
@@ -213,7 +213,7 @@ func TestScriptsAnswerASecondRunTheSame(t *testing.T) {
 
 			// Renew, release and complete on one claim's marks.
 			msg6 := testMsg(t, "m-6", "pay-6", "f")
-			sums, _ = s.cfg.Fingerprinter.SumAll(msg6.Payload)
+			sums, _ = s.keyedSums(msg6.Payload)
 			c, _, err := s.claim(ctx, msg6, sums, time.Second)
 			if err != nil || c == nil {
 				t.Fatalf("m-6 claim: %+v, %v", c, err)
@@ -269,7 +269,7 @@ func TestScriptsAnswerASecondRunTheSame(t *testing.T) {
 			if err := s.Redrive(ctx, "billing", "m-8"); err != nil {
 				t.Fatal(err)
 			}
-			sums, _ = s.cfg.Fingerprinter.SumAll(msg8.Payload)
+			sums, _ = s.keyedSums(msg8.Payload)
 			c8, _, err := s.claim(ctx, msg8, sums, time.Second)
 			if err != nil || c8 == nil {
 				t.Fatalf("m-8 claim after the re-drive: %+v, %v", c8, err)
@@ -289,7 +289,7 @@ func TestScriptsAnswerASecondRunTheSame(t *testing.T) {
 			if r, err := s.Reject(ctx, testMsg(t, "m-7", "", "g"), dedup.ReasonBadInput, errors.New("no key")); err != nil || r.Outcome != dedup.OutcomeDuplicate {
 				t.Fatalf("m-7, a second, separate Reject: %+v, %v; want a duplicate", r, err)
 			}
-			sums, _ = s.cfg.Fingerprinter.SumAll([]byte("g"))
+			sums, _ = s.keyedSums([]byte("g"))
 			if rec, _ := s.Lookup(ctx, "billing", "m-7"); string(rec.Fingerprint) != string(sums[0].Sum) {
 				t.Fatalf("m-7 rejected record %+v; want the payload's fingerprint", rec)
 			}
@@ -318,7 +318,7 @@ func TestScriptsAnswerASecondRunTheSame(t *testing.T) {
 			if r, err := s.ProcessLeased(ctx, testMsg(t, "m-9", "", "i"), ok, opt); err != nil || r.Outcome != dedup.OutcomeProcessed || r.Attempts != 1 {
 				t.Fatalf("m-9 after the re-drive: %+v, %v; want processed at attempt 1", r, err)
 			}
-			sums, _ = s.cfg.Fingerprinter.SumAll([]byte("i"))
+			sums, _ = s.keyedSums([]byte("i"))
 			if rec, _ := s.Lookup(ctx, "billing", "m-9"); rec.Status != dedup.StatusSucceeded || string(rec.Fingerprint) != string(sums[0].Sum) {
 				t.Fatalf("m-9 record %+v; want SUCCEEDED with the copy's fingerprint", rec)
 			}

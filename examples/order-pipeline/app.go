@@ -15,6 +15,7 @@ import (
 	"github.com/idemq/idemq/broker/kafkaadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/kafkapub"
 	"github.com/jackc/pgx/v5"
@@ -38,7 +39,7 @@ type Confirmation struct {
 // app is one process's connection to the pipeline's tables.
 type app struct {
 	pool  *pgxpool.Pool
-	store *dedup.Store
+	store *pgstore.Store
 	ob    *outbox.Outbox
 	s     string // quoted schema
 }
@@ -52,7 +53,7 @@ func openApp(ctx context.Context, c *common) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := dedup.NewStore(pool, dedup.Config{Schema: c.schema, Fingerprinter: fp})
+	st, err := pgstore.New(pool, pgstore.Config{Schema: c.schema, Fingerprinter: fp})
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +90,7 @@ create table if not exists `+a.s+`.shipments (
 // outbox row go into the transaction idemq hands it, beside the consumption
 // record. The row names the process that committed it (instance), so the
 // demo counts each process's work from the table, never from timing.
-func (a *app) confirm(outTopic, instance string) dedup.Handler {
+func (a *app) confirm(outTopic, instance string) pgstore.Handler {
 	return func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 		var o Order
 		if err := json.Unmarshal(m.Payload, &o); err != nil || o.OrderID == "" {
@@ -113,7 +114,7 @@ func (a *app) confirm(outTopic, instance string) dedup.Handler {
 }
 
 // ship is the shipper's handler: one shipment per confirmation.
-func (a *app) ship() dedup.Handler {
+func (a *app) ship() pgstore.Handler {
 	return func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 		var c Confirmation
 		if err := json.Unmarshal(m.Payload, &c); err != nil || c.OrderID == "" {
@@ -177,7 +178,7 @@ func quietLogs() {
 }
 
 // consume runs an idemq consumer until ctx ends.
-func consume(ctx context.Context, c *common, role, group, topic string, h func(*app) dedup.Handler, crashAfter int) error {
+func consume(ctx context.Context, c *common, role, group, topic string, h func(*app) pgstore.Handler, crashAfter int) error {
 	quietLogs()
 	a, err := openApp(ctx, c)
 	if err != nil {
@@ -217,7 +218,7 @@ func runConfirm(ctx context.Context, args []string) error {
 	crashAfter := fs.Int("crash-after", 0, "SIGKILL this process after N committed deliveries, before acking them (0: never)")
 	instance := fs.String("instance", "confirmer", "name written to orders.confirmed_by for the rows this process commits")
 	_ = fs.Parse(args)
-	return consume(ctx, &c, "confirmer", *group, c.ordersTopic, func(a *app) dedup.Handler { return a.confirm(c.outTopic, *instance) }, *crashAfter)
+	return consume(ctx, &c, "confirmer", *group, c.ordersTopic, func(a *app) pgstore.Handler { return a.confirm(c.outTopic, *instance) }, *crashAfter)
 }
 
 func runShip(ctx context.Context, args []string) error {
@@ -226,7 +227,7 @@ func runShip(ctx context.Context, args []string) error {
 	c.register(fs)
 	group := fs.String("group", "shipper", "consumer group (and dedup scope)")
 	_ = fs.Parse(args)
-	return consume(ctx, &c, "shipper", *group, c.outTopic, func(a *app) dedup.Handler { return a.ship() }, 0)
+	return consume(ctx, &c, "shipper", *group, c.outTopic, func(a *app) pgstore.Handler { return a.ship() }, 0)
 }
 
 func runRelay(ctx context.Context, args []string) error {

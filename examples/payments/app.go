@@ -15,6 +15,7 @@ import (
 	"github.com/idemq/idemq/broker/kafkaadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisfast"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -135,7 +136,7 @@ func paymentKey(m *dedup.Message) (string, error) {
 
 // idemqHandler debits the account and records the payment, in idemq's
 // transaction.
-func idemqHandler(schema string, ev *events) dedup.Handler {
+func idemqHandler(schema string, ev *events) pgstore.Handler {
 	s := pgx.Identifier{schema}.Sanitize()
 	return func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 		var p Payment
@@ -218,7 +219,7 @@ func runConsume(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg := dedup.Config{Schema: *schema, Fingerprinter: fp, MaxAttempts: *maxAttempts, Logger: log}
+	cfg := pgstore.Config{Schema: *schema, Fingerprinter: fp, MaxAttempts: *maxAttempts, Logger: log}
 	if *redisAddr != "" {
 		rc := redis.NewClient(redisfast.ClientOptions(*redisAddr)) // fails fast: a Redis outage costs next to nothing
 		defer func() { _ = rc.Close() }()
@@ -226,7 +227,7 @@ func runConsume(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	store, err := dedup.NewStore(pool, cfg)
+	store, err := pgstore.New(pool, cfg)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisfast"
 	"github.com/redis/go-redis/v9"
 
@@ -106,7 +107,7 @@ func runConsume(args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg := dedup.Config{Schema: f.schema, Fingerprinter: fp, MaxAttempts: f.maxAttempts}
+	cfg := pgstore.Config{Schema: f.schema, Fingerprinter: fp, MaxAttempts: f.maxAttempts}
 	if f.redisAddr != "" {
 		rc := redis.NewClient(redisfast.ClientOptions(f.redisAddr)) // fails fast: a Redis outage costs next to nothing
 		defer func() { _ = rc.Close() }()
@@ -114,7 +115,7 @@ func runConsume(args []string) error {
 			return err
 		}
 	}
-	store, err := dedup.NewStore(pool, cfg)
+	store, err := pgstore.New(pool, cfg)
 	if err != nil {
 		return err
 	}

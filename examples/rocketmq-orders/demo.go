@@ -24,6 +24,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/idemq/idemq/broker/rocketmqadapter"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -68,7 +69,7 @@ type demo struct {
 	suffix, topic, schema      string
 	groupIdemq, groupNaive     string
 	pool                       *pgxpool.Pool
-	store                      *dedup.Store
+	store                      *pgstore.Store
 	prod                       rocketmq.Producer
 	logPath                    string
 	logFile                    *os.File
@@ -159,7 +160,7 @@ func (d *demo) setup() error {
 	if err != nil {
 		return err
 	}
-	if d.store, err = dedup.NewStore(d.pool, dedup.Config{Schema: d.schema, Fingerprinter: fp, MaxAttempts: maxAttempts}); err != nil {
+	if d.store, err = pgstore.New(d.pool, pgstore.Config{Schema: d.schema, Fingerprinter: fp, MaxAttempts: maxAttempts}); err != nil {
 		return err
 	}
 	if err := d.store.Migrate(d.ctx); err != nil {

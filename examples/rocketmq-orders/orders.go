@@ -11,6 +11,7 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -86,7 +87,7 @@ func createTables(ctx context.Context, pool *pgxpool.Pool, schema string) error 
 
 // isDuplicateObject tolerates two processes creating the same table at once.
 func isDuplicateObject(err error) bool {
-	return dedup.IsUniqueViolation(err, "") || dedup.ErrorClass(err) == "pg:42P07"
+	return pgstore.IsUniqueViolation(err, "") || dedup.ErrorClass(err) == "pg:42P07"
 }
 
 // event is one line the consume subcommand prints on stdout, read by the

@@ -24,9 +24,9 @@ const configDoc = "docs/configuration.md"
 // extraStructs are configuration structs checked although their names do not
 // end in Config or Options: they are fields of, or inputs to, a Config.
 var extraStructs = map[string]bool{
-	"dedup.FingerprintKey": true, // dedup.NewFingerprinter's keys (dedup.Config.Fingerprinter)
+	"dedup.FingerprintKey": true, // dedup.NewFingerprinter's keys (pgstore.Config.Fingerprinter)
 	"outbox.Hooks":         true, // outbox.RelayConfig.Hooks
-	"dedup.RetryPolicy":    true, // dedup.Config.TransientRetry, OutcomeUnknownRetry
+	"pgstore.RetryPolicy":  true, // pgstore.Config.TransientRetry, OutcomeUnknownRetry
 }
 
 // skipDirs are directories whose packages are not part of the public API:
@@ -52,7 +52,7 @@ func TestConfigurationDocCoversEveryField(t *testing.T) {
 	}
 	// The scan itself must find what this test exists for; an empty or
 	// shrunken result means it is broken, not that all is documented.
-	for _, want := range []string{"consumer.Config", "dedup.Config", "dedup.LeaseOptions", "kafkaadapter.Config",
+	for _, want := range []string{"consumer.Config", "pgstore.Config", "dedup.LeaseOptions", "kafkaadapter.Config",
 		"rocketmqadapter.Config", "outbox.Config", "outbox.RelayConfig", "redisfast.Config", "redisstore.Config",
 		"kafkapub.Config", "rocketmqpub.Config"} {
 		if !hasStruct(structs, want) {

@@ -1,5 +1,5 @@
 // Package leasewatch is the heartbeat loop shared by the lease-mode stores
-// (dedup.Store on Postgres, redisstore.Store on Redis).
+// (pgstore.Store on Postgres, redisstore.Store on Redis).
 package leasewatch
 
 import (

@@ -1,4 +1,4 @@
-package dedup
+package pgstore
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -50,8 +51,8 @@ import (
 // markRetry runs op, retrying it while it fails with an unknown outcome
 // (OutcomeUnknownRetry) or a transient error (TransientRetry).
 func markRetry[T any](ctx context.Context, s *Store, what string, op func() (T, error)) (T, error) {
-	return retryWhile(ctx, s.cfg.OutcomeUnknownRetry, s.cfg.Logger, what, IsOutcomeUnknown, func() (T, error) {
-		return retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, what, IsTransient, op)
+	return retryWhile(ctx, s.cfg.OutcomeUnknownRetry, s.cfg.Logger, what, dedup.IsOutcomeUnknown, func() (T, error) {
+		return retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, what, dedup.IsTransient, op)
 	})
 }
 
@@ -62,43 +63,43 @@ func markRetry[T any](ctx context.Context, s *Store, what string, op func() (T, 
 // that finds a live lease looks once more, since a lost claim may have
 // committed only while the new one waited for its row. When the retries are
 // used up the error wraps ErrOutcomeUnknown.
-func (s *Store) claimLeaseRetrying(ctx context.Context, msg *Message, sum []byte, keyID string, ttl time.Duration) (Lease, int64, Result, error) {
+func (s *Store) claimLeaseRetrying(ctx context.Context, msg *dedup.Message, sum []byte, keyID string, ttl time.Duration) (dedup.Lease, int64, dedup.Result, error) {
 	type claimed struct {
-		lease Lease
+		lease dedup.Lease
 		rowID int64
-		res   Result
+		res   dedup.Result
 	}
 	what := "lease claim " + msg.Identity.String()
 	var lost []uuid.UUID // owner tokens of the claims whose outcome is unknown
-	c, err := retryWhile(ctx, s.cfg.OutcomeUnknownRetry, s.cfg.Logger, what, IsOutcomeUnknown, func() (claimed, error) {
+	c, err := retryWhile(ctx, s.cfg.OutcomeUnknownRetry, s.cfg.Logger, what, dedup.IsOutcomeUnknown, func() (claimed, error) {
 		if len(lost) > 0 {
 			own, ownRow, err := s.ownClaim(ctx, msg.Identity, lost, ttl)
 			if err != nil || ownRow != 0 {
 				return claimed{lease: own, rowID: ownRow}, err
 			}
 		}
-		c, err := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, what, IsTransient, func() (claimed, error) {
+		c, err := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, what, dedup.IsTransient, func() (claimed, error) {
 			lease, rowID, res, err := s.claimLease(ctx, msg, sum, keyID, ttl)
 			return claimed{lease: lease, rowID: rowID, res: res}, err
 		})
 		switch {
-		case IsOutcomeUnknown(err):
+		case dedup.IsOutcomeUnknown(err):
 			lost = append(lost, c.lease.OwnerToken)
-		case err == nil && c.rowID == 0 && len(lost) > 0 && c.res.Outcome == OutcomeDuplicate && c.res.Status == StatusFailedFinal:
+		case err == nil && c.rowID == 0 && len(lost) > 0 && c.res.Outcome == dedup.OutcomeDuplicate && c.res.Status == dedup.StatusFailedFinal:
 			// A lost claim may have dead-lettered the record at the last
 			// attempt's expired lease (crashloop.go).
 			if dl, ok, ferr := s.ownExhaust(ctx, msg, sum, lost, c.res); ferr == nil && ok {
 				return claimed{lease: c.lease, res: dl}, nil
 			}
-		case err == nil && c.rowID == 0 && len(lost) > 0 && errors.Is(c.res.Err, ErrLeaseHeld):
+		case err == nil && c.rowID == 0 && len(lost) > 0 && errors.Is(c.res.Err, dedup.ErrLeaseHeld):
 			if own, ownRow, ferr := s.ownClaim(ctx, msg.Identity, lost, ttl); ferr == nil && ownRow != 0 {
 				return claimed{lease: own, rowID: ownRow}, nil
 			}
 		}
 		return c, err
 	})
-	if err != nil && IsOutcomeUnknown(err) {
-		return c.lease, 0, Result{}, wrapUnknown(err)
+	if err != nil && dedup.IsOutcomeUnknown(err) {
+		return c.lease, 0, dedup.Result{}, wrapUnknown(err)
 	}
 	return c.lease, c.rowID, c.res, err
 }
@@ -110,8 +111,8 @@ func (s *Store) claimLeaseRetrying(ctx context.Context, msg *Message, sum []byte
 // retries may have used a good part of the TTL, and the handler starts now.
 // A lease another copy took over in the meantime has another token and is
 // not found.
-func (s *Store) ownClaim(ctx context.Context, id Identity, tokens []uuid.UUID, ttl time.Duration) (Lease, int64, error) {
-	l := Lease{Identity: id, Record: Identity{Scope: id.Scope}}
+func (s *Store) ownClaim(ctx context.Context, id dedup.Identity, tokens []uuid.UUID, ttl time.Duration) (dedup.Lease, int64, error) {
+	l := dedup.Lease{Identity: id, Record: dedup.Identity{Scope: id.Scope}}
 	var rowID int64
 	err := s.pool.QueryRow(ctx, `update `+s.q.records+`
 set lease_until = now() + make_interval(secs => $5::float8), updated_at = now()
@@ -120,10 +121,10 @@ returning id, message_id, business_key, owner_token, attempts, fence`,
 		id.Scope, id.MessageID, id.BusinessKey, tokenStrings(tokens), ttl.Seconds()).
 		Scan(&rowID, &l.Record.MessageID, &l.Record.BusinessKey, &l.OwnerToken, &l.Attempt, &l.Fence)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Lease{}, 0, nil
+		return dedup.Lease{}, 0, nil
 	}
 	if err != nil {
-		return Lease{}, 0, fmt.Errorf("idemq: lease claim %s: look for a claim whose answer was lost: %w", id, err)
+		return dedup.Lease{}, 0, fmt.Errorf("idemq: lease claim %s: look for a claim whose answer was lost: %w", id, err)
 	}
 	return l, rowID, nil
 }
@@ -131,7 +132,7 @@ returning id, message_id, business_key, owner_token, attempts, fence`,
 // liveDeadLetterID returns the ID of msg's live (not re-driven) dead letter
 // for reason and payload fingerprint sum, 0 when there is none: what a final
 // failure mark run again answers, as its first run wrote it.
-func (q *queries) liveDeadLetterID(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, reason string) (int64, error) {
+func (q *queries) liveDeadLetterID(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum []byte, reason string) (int64, error) {
 	var id int64
 	err := tx.QueryRow(ctx, `select id from `+q.deadLetters+`
 where scope = $1 and message_id = $2 and reason = $3 and coalesce(fingerprint, ''::bytea) = coalesce($4::bytea, ''::bytea)

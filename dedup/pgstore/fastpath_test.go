@@ -1,4 +1,4 @@
-package dedup
+package pgstore
 
 import (
 	"bytes"
@@ -8,15 +8,19 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/idemq/idemq/dedup"
 )
 
 // fakeFastPath fails every call with err.
 type fakeFastPath struct{ err error }
 
-func (f fakeFastPath) Lookup(context.Context, Identity) (FastPathEntry, bool, error) {
-	return FastPathEntry{}, false, f.err
+func (f fakeFastPath) Lookup(context.Context, dedup.Identity) (dedup.FastPathEntry, bool, error) {
+	return dedup.FastPathEntry{}, false, f.err
 }
-func (f fakeFastPath) Remember(context.Context, Identity, FastPathEntry) error { return f.err }
+func (f fakeFastPath) Remember(context.Context, dedup.Identity, dedup.FastPathEntry) error {
+	return f.err
+}
 
 // A skipped fast-path call (an open circuit breaker) falls through to
 // Postgres and is counted as an error like any other, but is not logged:
@@ -26,16 +30,16 @@ func TestFastPathSkipIsCountedNotLogged(t *testing.T) {
 		err  error
 		logs int
 	}{
-		{fmt.Errorf("breaker open: %w", ErrFastPathSkipped), 0},
+		{fmt.Errorf("breaker open: %w", dedup.ErrFastPathSkipped), 0},
 		{errors.New("dial tcp: connection refused"), 2},
 	} {
 		var buf bytes.Buffer
 		s := &Store{cfg: Config{FastPath: fakeFastPath{c.err}, Logger: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))}}
-		id, err := NewIdentity("payments", "m-1", "", "")
+		id, err := dedup.NewIdentity("payments", "m-1", "", "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, hit := s.fastLookup(context.Background(), &Message{Identity: id}); hit {
+		if _, hit := s.fastLookup(context.Background(), &dedup.Message{Identity: id}); hit {
 			t.Fatal("hit on an error")
 		}
 		s.fastRemember(context.Background(), id, []byte{1}, "k1")

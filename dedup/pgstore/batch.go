@@ -1,9 +1,11 @@
-package dedup
+package pgstore
 
 import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/idemq/idemq/dedup"
 )
 
 // ProcessBatch runs h for msgs in batched atomic mode: one
@@ -39,8 +41,8 @@ import (
 // their results come back with a nil error, and the failing message's
 // result has Outcome "" (not acked), HandlerCalled, and Err set to the
 // error.
-func (s *Store) ProcessBatch(ctx context.Context, msgs []*Message, h Handler) ([]Result, error) {
-	results := make([]Result, len(msgs))
+func (s *Store) ProcessBatch(ctx context.Context, msgs []*dedup.Message, h Handler) ([]dedup.Result, error) {
+	results := make([]dedup.Result, len(msgs))
 	if len(msgs) == 0 {
 		return results, nil
 	}
@@ -57,11 +59,11 @@ func (s *Store) ProcessBatch(ctx context.Context, msgs []*Message, h Handler) ([
 
 	// called[i]: the handler ran for msgs[i] in some try.
 	called := make([]bool, len(msgs))
-	var class FailureClass
+	var class dedup.FailureClass
 	var failure error
-	_, waitErr := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "batch", IsTransient, func() (struct{}, error) {
+	_, waitErr := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "batch", dedup.IsTransient, func() (struct{}, error) {
 		results, class, failure = s.batchTx(ctx, msgs, fps, h, called)
-		if class == FailureTransient {
+		if class == dedup.FailureTransient {
 			return struct{}{}, failure
 		}
 		return struct{}{}, nil
@@ -69,15 +71,15 @@ func (s *Store) ProcessBatch(ctx context.Context, msgs []*Message, h Handler) ([
 	switch {
 	case failure == nil:
 		for i, r := range results {
-			if r.Status == StatusSucceeded && (r.Outcome == OutcomeProcessed || r.Outcome == OutcomeDuplicate) && fps[i].err == nil {
+			if r.Status == dedup.StatusSucceeded && (r.Outcome == dedup.OutcomeProcessed || r.Outcome == dedup.OutcomeDuplicate) && fps[i].err == nil {
 				s.fastRemember(ctx, msgs[i].Identity, fps[i].sum, fps[i].keyID)
 			}
 		}
 		return results, nil
-	case waitErr != nil && !IsTransient(waitErr):
+	case waitErr != nil && !dedup.IsTransient(waitErr):
 		// ctx ended while waiting to retry.
-		return calledResults(called), fmt.Errorf("%w: batch: %w", ErrOutcomeUnknown, errors.Join(waitErr, failure))
-	case class == FailureOutcomeUnknown:
+		return calledResults(called), fmt.Errorf("%w: batch: %w", dedup.ErrOutcomeUnknown, errors.Join(waitErr, failure))
+	case class == dedup.FailureOutcomeUnknown:
 		return calledResults(called), failure
 	}
 	s.cfg.Logger.Warn("idemq: batch could not commit; rerunning it one message per transaction to find the culprit",
@@ -97,8 +99,8 @@ type batchFP struct {
 // FailureOutcomeUnknown (failure wraps ErrOutcomeUnknown), FailureTransient
 // (retry the batch), or FailureHandler (a message made the batch fail: find
 // it). called[i] is set when the handler ran for msgs[i].
-func (s *Store) batchTx(ctx context.Context, msgs []*Message, fps []batchFP, h Handler, called []bool) ([]Result, FailureClass, error) {
-	results := make([]Result, len(msgs))
+func (s *Store) batchTx(ctx context.Context, msgs []*dedup.Message, fps []batchFP, h Handler, called []bool) ([]dedup.Result, dedup.FailureClass, error) {
+	results := make([]dedup.Result, len(msgs))
 	tx, err := s.pool.BeginTx(ctx, s.cfg.TxOptions)
 	if err != nil {
 		return nil, ownFailureClass(err), wrapUnknown(fmt.Errorf("idemq: begin batch: %w", err))
@@ -107,7 +109,7 @@ func (s *Store) batchTx(ctx context.Context, msgs []*Message, fps []batchFP, h H
 
 	for i, m := range msgs {
 		if fps[i].err != nil {
-			res, err := s.markFailedIn(ctx, tx, m, nil, "", Permanent(fps[i].err), ReasonBadInput)
+			res, err := s.markFailedIn(ctx, tx, m, nil, "", dedup.Permanent(fps[i].err), dedup.ReasonBadInput)
 			if err != nil {
 				return nil, ownFailureClass(err), wrapUnknown(err)
 			}
@@ -124,24 +126,24 @@ func (s *Store) batchTx(ctx context.Context, msgs []*Message, fps []batchFP, h H
 			return nil, ownFailureClass(err), wrapUnknown(err)
 		}
 		if herr != nil {
-			if IsTransient(herr) {
-				return nil, FailureTransient, herr
+			if dedup.IsTransient(herr) {
+				return nil, dedup.FailureTransient, herr
 			}
 			// The handler's failure could not be rolled back to its
 			// savepoint: the transaction is unusable; find the culprit.
-			return nil, FailureHandler, fmt.Errorf("idemq: batch transaction unusable after a handler failure: %w", herr)
+			return nil, dedup.FailureHandler, fmt.Errorf("idemq: batch transaction unusable after a handler failure: %w", herr)
 		}
 		results[i] = res
-		if res.Outcome == OutcomeRetry {
+		if res.Outcome == dedup.OutcomeRetry {
 			break
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		class := commitFailureClass(err)
-		if class == FailureOutcomeUnknown {
-			return nil, class, fmt.Errorf("%w: batch commit: %w", ErrOutcomeUnknown, err)
+		if class == dedup.FailureOutcomeUnknown {
+			return nil, class, fmt.Errorf("%w: batch commit: %w", dedup.ErrOutcomeUnknown, err)
 		}
 		return nil, class, fmt.Errorf("idemq: batch commit refused: %w", err)
 	}
-	return results, FailureNone, nil
+	return results, dedup.FailureNone, nil
 }

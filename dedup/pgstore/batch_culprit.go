@@ -1,7 +1,9 @@
-package dedup
+package pgstore
 
 import (
 	"context"
+
+	"github.com/idemq/idemq/dedup"
 )
 
 // rerunOneByOne is ProcessBatch's way out of a batch that cannot commit:
@@ -13,13 +15,13 @@ import (
 // first message is returned as ProcessBatch's error (nothing is durable); on
 // a later one it becomes that message's Err with Outcome "" (see
 // ProcessBatch).
-func (s *Store) rerunOneByOne(ctx context.Context, msgs []*Message, fps []batchFP, h Handler, called []bool) ([]Result, error) {
-	results := make([]Result, len(msgs))
+func (s *Store) rerunOneByOne(ctx context.Context, msgs []*dedup.Message, fps []batchFP, h Handler, called []bool) ([]dedup.Result, error) {
+	results := make([]dedup.Result, len(msgs))
 	for i, m := range msgs {
-		var res Result
+		var res dedup.Result
 		var err error
 		if fps[i].err != nil {
-			res, err = s.Reject(ctx, m, ReasonBadInput, fps[i].err)
+			res, err = s.Reject(ctx, m, dedup.ReasonBadInput, fps[i].err)
 		} else {
 			res, err = s.Process(ctx, m, h)
 		}
@@ -30,11 +32,11 @@ func (s *Store) rerunOneByOne(ctx context.Context, msgs []*Message, fps []batchF
 				out[0].HandlerCalled = res.HandlerCalled
 				return out, err
 			}
-			results[i] = Result{HandlerCalled: res.HandlerCalled, Err: err}
+			results[i] = dedup.Result{HandlerCalled: res.HandlerCalled, Err: err}
 			return results, nil
 		}
 		results[i] = res
-		if res.Outcome == OutcomeRetry {
+		if res.Outcome == dedup.OutcomeRetry {
 			break
 		}
 	}
@@ -43,8 +45,8 @@ func (s *Store) rerunOneByOne(ctx context.Context, msgs []*Message, fps []batchF
 
 // calledResults are the results of a batch that is not durable: only
 // HandlerCalled is set.
-func calledResults(called []bool) []Result {
-	out := make([]Result, len(called))
+func calledResults(called []bool) []dedup.Result {
+	out := make([]dedup.Result, len(called))
 	for i, c := range called {
 		out[i].HandlerCalled = c
 	}

@@ -1,4 +1,4 @@
-package dedup
+package pgstore
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -55,11 +56,11 @@ func (p RetryPolicy) withDefaults(def RetryPolicy) RetryPolicy {
 func (p RetryPolicy) validate(field string) error {
 	switch {
 	case p.Attempts > 100:
-		return fmt.Errorf("%w: %s.Attempts %d must be at most 100 (negative: no retry)", ErrInvalidConfig, field, p.Attempts)
+		return fmt.Errorf("%w: %s.Attempts %d must be at most 100 (negative: no retry)", dedup.ErrInvalidConfig, field, p.Attempts)
 	case p.Initial < 0 || p.Initial > maxRetryDelay:
-		return fmt.Errorf("%w: %s.Initial %s must be 0 to %s", ErrInvalidConfig, field, p.Initial, maxRetryDelay)
+		return fmt.Errorf("%w: %s.Initial %s must be 0 to %s", dedup.ErrInvalidConfig, field, p.Initial, maxRetryDelay)
 	case p.Max < p.Initial || p.Max > maxRetryDelay:
-		return fmt.Errorf("%w: %s.Max %s must be at least Initial %s and at most %s", ErrInvalidConfig, field, p.Max, p.Initial, maxRetryDelay)
+		return fmt.Errorf("%w: %s.Max %s must be at least Initial %s and at most %s", dedup.ErrInvalidConfig, field, p.Max, p.Initial, maxRetryDelay)
 	}
 	return nil
 }
@@ -83,7 +84,7 @@ func retryWhile[T any](ctx context.Context, p RetryPolicy, log *slog.Logger, wha
 		return res, err
 	}, backoff.WithBackOff(b), backoff.WithMaxTries(p.tries()), backoff.WithMaxElapsedTime(0),
 		backoff.WithNotify(func(err error, d time.Duration) {
-			log.Debug("idemq: retrying in place", "what", what, "class", Classify(err), "after", d, "err", err)
+			log.Debug("idemq: retrying in place", "what", what, "class", dedup.Classify(err), "after", d, "err", err)
 		}))
 	if err != nil && last != nil && !errors.Is(last, err) {
 		// backoff answers with ctx's cause alone when ctx ended between
@@ -98,13 +99,13 @@ func retryWhile[T any](ctx context.Context, p RetryPolicy, log *slog.Logger, wha
 func validateTxOptions(o pgx.TxOptions) error {
 	switch {
 	case o.IsoLevel != pgx.ReadCommitted && o.IsoLevel != pgx.RepeatableRead && o.IsoLevel != pgx.Serializable:
-		return fmt.Errorf("%w: TxOptions.IsoLevel %q must be %q (the default), %q or %q", ErrInvalidConfig, o.IsoLevel, pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable)
+		return fmt.Errorf("%w: TxOptions.IsoLevel %q must be %q (the default), %q or %q", dedup.ErrInvalidConfig, o.IsoLevel, pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable)
 	case o.AccessMode != "" && o.AccessMode != pgx.ReadWrite:
-		return fmt.Errorf("%w: TxOptions.AccessMode %q: the handler's transaction writes the consumption record, it must be %q", ErrInvalidConfig, o.AccessMode, pgx.ReadWrite)
+		return fmt.Errorf("%w: TxOptions.AccessMode %q: the handler's transaction writes the consumption record, it must be %q", dedup.ErrInvalidConfig, o.AccessMode, pgx.ReadWrite)
 	case o.DeferrableMode != "" && o.DeferrableMode != pgx.NotDeferrable:
-		return fmt.Errorf("%w: TxOptions.DeferrableMode %q: deferrable applies to read-only serializable transactions only, it must be empty or %q", ErrInvalidConfig, o.DeferrableMode, pgx.NotDeferrable)
+		return fmt.Errorf("%w: TxOptions.DeferrableMode %q: deferrable applies to read-only serializable transactions only, it must be empty or %q", dedup.ErrInvalidConfig, o.DeferrableMode, pgx.NotDeferrable)
 	case o.BeginQuery != "" || o.CommitQuery != "":
-		return fmt.Errorf("%w: TxOptions.BeginQuery and CommitQuery must be empty (IsoLevel sets the isolation)", ErrInvalidConfig)
+		return fmt.Errorf("%w: TxOptions.BeginQuery and CommitQuery must be empty (IsoLevel sets the isolation)", dedup.ErrInvalidConfig)
 	}
 	return nil
 }

@@ -1,12 +1,12 @@
-package dedup
+package pgstore
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
 	"time"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -23,7 +23,7 @@ type Config struct {
 	// Same identifier rule as Schema.
 	DeadLettersTable string
 	// Fingerprinter fingerprints payloads. Required.
-	Fingerprinter *Fingerprinter
+	Fingerprinter *dedup.Fingerprinter
 	// MaxAttempts is how many handler executions a record may start before a
 	// retryable failure becomes FAILED_FINAL. Default 5; must be 1 to 1000.
 	MaxAttempts int
@@ -42,7 +42,7 @@ type Config struct {
 	// FastPath, when set, answers duplicates of SUCCEEDED records without
 	// Postgres (e.g. redisfast.New). Default nil: Postgres only. A FastPath
 	// with a TTL() method must not remember longer than SucceededRetention.
-	FastPath FastPath
+	FastPath dedup.FastPath
 	// TxOptions are the options of every transaction that runs a handler
 	// (Process, ProcessBatch, and the per-message reruns of a refused
 	// batch). Default: read committed, read write. IsoLevel may be
@@ -50,7 +50,7 @@ type Config struct {
 	// last two, serialization failures (40001) are retried as
 	// TransientRetry says. AccessMode may only be pgx.ReadWrite (the claim
 	// writes), DeferrableMode only pgx.NotDeferrable, and BeginQuery and
-	// CommitQuery must be empty; anything else is refused by NewStore. One
+	// CommitQuery must be empty; anything else is refused by New. One
 	// Store serves one isolation level: give consumers that need another
 	// their own Store on the same pool and tables.
 	TxOptions pgx.TxOptions
@@ -83,9 +83,6 @@ type Config struct {
 }
 
 var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
-
-// ErrInvalidConfig is wrapped by every configuration error of this package.
-var ErrInvalidConfig = errors.New("idemq: invalid config")
 
 func (c Config) withDefaults() Config {
 	if c.Schema == "" {
@@ -123,22 +120,22 @@ func (c Config) withDefaults() Config {
 func (c Config) validate() error {
 	for name, v := range map[string]string{"Schema": c.Schema, "RecordsTable": c.RecordsTable, "DeadLettersTable": c.DeadLettersTable} {
 		if !identRe.MatchString(v) {
-			return fmt.Errorf("%w: %s %q must match %s", ErrInvalidConfig, name, v, identRe)
+			return fmt.Errorf("%w: %s %q must match %s", dedup.ErrInvalidConfig, name, v, identRe)
 		}
 	}
 	switch {
 	case c.RecordsTable == c.DeadLettersTable:
-		return fmt.Errorf("%w: RecordsTable and DeadLettersTable are both %q", ErrInvalidConfig, c.RecordsTable)
+		return fmt.Errorf("%w: RecordsTable and DeadLettersTable are both %q", dedup.ErrInvalidConfig, c.RecordsTable)
 	case c.Fingerprinter == nil:
-		return fmt.Errorf("%w: Fingerprinter is required (see NewFingerprinter)", ErrInvalidConfig)
+		return fmt.Errorf("%w: Fingerprinter is required (see NewFingerprinter)", dedup.ErrInvalidConfig)
 	case c.MaxAttempts < 1 || c.MaxAttempts > 1000:
-		return fmt.Errorf("%w: MaxAttempts %d must be 1 to 1000", ErrInvalidConfig, c.MaxAttempts)
+		return fmt.Errorf("%w: MaxAttempts %d must be 1 to 1000", dedup.ErrInvalidConfig, c.MaxAttempts)
 	case c.MaxErrorBytes < 64:
-		return fmt.Errorf("%w: MaxErrorBytes %d must be at least 64", ErrInvalidConfig, c.MaxErrorBytes)
+		return fmt.Errorf("%w: MaxErrorBytes %d must be at least 64", dedup.ErrInvalidConfig, c.MaxErrorBytes)
 	case c.SucceededRetention < time.Minute:
-		return fmt.Errorf("%w: SucceededRetention %s must be at least 1m", ErrInvalidConfig, c.SucceededRetention)
+		return fmt.Errorf("%w: SucceededRetention %s must be at least 1m", dedup.ErrInvalidConfig, c.SucceededRetention)
 	case c.FailedFinalRetention < c.SucceededRetention:
-		return fmt.Errorf("%w: FailedFinalRetention %s is shorter than SucceededRetention %s", ErrInvalidConfig, c.FailedFinalRetention, c.SucceededRetention)
+		return fmt.Errorf("%w: FailedFinalRetention %s is shorter than SucceededRetention %s", dedup.ErrInvalidConfig, c.FailedFinalRetention, c.SucceededRetention)
 	}
 	if err := validateTxOptions(c.TxOptions); err != nil {
 		return err
@@ -150,13 +147,10 @@ func (c Config) validate() error {
 		return err
 	}
 	if t, ok := c.FastPath.(interface{ TTL() time.Duration }); ok && t.TTL() > c.SucceededRetention {
-		return fmt.Errorf("%w: FastPath TTL %s is longer than SucceededRetention %s: a purged record would still be answered from the fast path", ErrInvalidConfig, t.TTL(), c.SucceededRetention)
+		return fmt.Errorf("%w: FastPath TTL %s is longer than SucceededRetention %s: a purged record would still be answered from the fast path", dedup.ErrInvalidConfig, t.TTL(), c.SucceededRetention)
 	}
 	return nil
 }
-
-// ErrRetentionTooShort is returned by ValidateRetention.
-var ErrRetentionTooShort = errors.New("idemq: retention shorter than the broker's redelivery horizon")
 
 // ValidateRetention refuses a SucceededRetention shorter than the broker's
 // redelivery horizon: a record purged before the broker stops
@@ -165,7 +159,7 @@ var ErrRetentionTooShort = errors.New("idemq: retention shorter than the broker'
 // reconsume times. The error names both numbers.
 func (s *Store) ValidateRetention(horizon time.Duration) error {
 	if s.cfg.SucceededRetention < horizon {
-		return fmt.Errorf("%w: SucceededRetention %s < broker redelivery horizon %s", ErrRetentionTooShort, s.cfg.SucceededRetention, horizon)
+		return fmt.Errorf("%w: SucceededRetention %s < broker redelivery horizon %s", dedup.ErrRetentionTooShort, s.cfg.SucceededRetention, horizon)
 	}
 	return nil
 }

@@ -1,10 +1,11 @@
-package dedup
+package pgstore
 
 import (
 	"context"
 	"errors"
 	"fmt"
 
+	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -128,7 +129,7 @@ select exists (select 1 from m),
 }
 
 // lockLease is lock plus whether the record's lease is live in database time.
-func (q *queries) lockLease(ctx context.Context, tx pgx.Tx, id Identity) (*record, bool, error) {
+func (q *queries) lockLease(ctx context.Context, tx pgx.Tx, id dedup.Identity) (*record, bool, error) {
 	var r record
 	var status string
 	var live bool
@@ -140,12 +141,12 @@ func (q *queries) lockLease(ctx context.Context, tx pgx.Tx, id Identity) (*recor
 	if err != nil {
 		return nil, false, fmt.Errorf("idemq: lock record %s: %w", id, err)
 	}
-	r.status = Status(status)
+	r.status = dedup.Status(status)
 	return &r, live, nil
 }
 
 // insert returns the new row's id, or 0 when a unique key already exists.
-func (q *queries) insert(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, status Status, attempts int, errText, errClass string, expirySecs *float64) (int64, error) {
+func (q *queries) insert(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum []byte, keyID string, status dedup.Status, attempts int, errText, errClass string, expirySecs *float64) (int64, error) {
 	id := msg.Identity
 	var rowID int64
 	err := tx.QueryRow(ctx, q.insertSQL, id.Scope, id.MessageID, id.BusinessKey, sum, keyID, string(status), attempts,
@@ -169,7 +170,7 @@ const handlerSavepoint = "idemq_handler"
 // (when the insert did nothing) and sets the handler's savepoint. It returns
 // the new row's id, or 0 and the locked existing record (nil when it vanished
 // in between). A reclaim sets the savepoint again after its update.
-func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, keyID string, status Status, expirySecs *float64) (int64, *record, error) {
+func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum []byte, keyID string, status dedup.Status, expirySecs *float64) (int64, *record, error) {
 	id := msg.Identity
 	b := &pgx.Batch{}
 	b.Queue(q.insertSQL, id.Scope, id.MessageID, id.BusinessKey, sum, keyID, string(status), 1,
@@ -191,7 +192,7 @@ func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, msg *Message, sum 
 		case errors.Is(err, pgx.ErrNoRows):
 			err = nil
 		case err == nil && rowID == 0:
-			r.status = Status(st)
+			r.status = dedup.Status(st)
 			rec = &r
 		}
 	}
@@ -207,7 +208,7 @@ func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, msg *Message, sum 
 	return rowID, rec, nil
 }
 
-func (q *queries) lock(ctx context.Context, tx pgx.Tx, id Identity) (*record, error) {
+func (q *queries) lock(ctx context.Context, tx pgx.Tx, id dedup.Identity) (*record, error) {
 	var r record
 	var status string
 	err := tx.QueryRow(ctx, q.lockSQL, id.Scope, id.MessageID, id.BusinessKey).
@@ -218,11 +219,11 @@ func (q *queries) lock(ctx context.Context, tx pgx.Tx, id Identity) (*record, er
 	if err != nil {
 		return nil, fmt.Errorf("idemq: lock record %s: %w", id, err)
 	}
-	r.status = Status(status)
+	r.status = dedup.Status(status)
 	return &r, nil
 }
 
-func (q *queries) reclaim(ctx context.Context, tx pgx.Tx, rowID int64, msg *Message) (int, error) {
+func (q *queries) reclaim(ctx context.Context, tx pgx.Tx, rowID int64, msg *dedup.Message) (int, error) {
 	var attempts int
 	if err := tx.QueryRow(ctx, q.reclaimSQL, rowID, clip(msg.Source, 1024), msg.ReconsumeTimes).Scan(&attempts); err != nil {
 		return 0, fmt.Errorf("idemq: reclaim %s: %w", msg.Identity, err)
@@ -230,7 +231,7 @@ func (q *queries) reclaim(ctx context.Context, tx pgx.Tx, rowID int64, msg *Mess
 	return attempts, nil
 }
 
-func (q *queries) markSucceeded(ctx context.Context, tx pgx.Tx, id Identity, rowID int64, expirySecs float64) error {
+func (q *queries) markSucceeded(ctx context.Context, tx pgx.Tx, id dedup.Identity, rowID int64, expirySecs float64) error {
 	tag, err := tx.Exec(ctx, q.succeededSQL, rowID, expirySecs)
 	if err != nil {
 		return err
@@ -241,7 +242,7 @@ func (q *queries) markSucceeded(ctx context.Context, tx pgx.Tx, id Identity, row
 	return nil
 }
 
-func (q *queries) updateFailed(ctx context.Context, tx pgx.Tx, rowID int64, status Status, newAttempt bool, msg *Message, errText, errClass string, expirySecs *float64) error {
+func (q *queries) updateFailed(ctx context.Context, tx pgx.Tx, rowID int64, status dedup.Status, newAttempt bool, msg *dedup.Message, errText, errClass string, expirySecs *float64) error {
 	if _, err := tx.Exec(ctx, q.failedSQL, rowID, string(status), errText, errClass, expirySecs, newAttempt,
 		clip(msg.Source, 1024), msg.ReconsumeTimes); err != nil {
 		return fmt.Errorf("idemq: mark %s: %w", status, err)
@@ -249,12 +250,12 @@ func (q *queries) updateFailed(ctx context.Context, tx pgx.Tx, rowID int64, stat
 	return nil
 }
 
-func (q *queries) insertDeadLetter(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, reason string, cause error, attempts, maxErr int) (int64, error) {
-	return q.insertDeadLetterClass(ctx, tx, msg, sum, reason, cause, ErrorClass(cause), attempts, maxErr)
+func (q *queries) insertDeadLetter(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum []byte, reason string, cause error, attempts, maxErr int) (int64, error) {
+	return q.insertDeadLetterClass(ctx, tx, msg, sum, reason, cause, dedup.ErrorClass(cause), attempts, maxErr)
 }
 
 // insertDeadLetterClass is insertDeadLetter with the error class given.
-func (q *queries) insertDeadLetterClass(ctx context.Context, tx pgx.Tx, msg *Message, sum []byte, reason string, cause error, class string, attempts, maxErr int) (int64, error) {
+func (q *queries) insertDeadLetterClass(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum []byte, reason string, cause error, class string, attempts, maxErr int) (int64, error) {
 	id := msg.Identity
 	headers := make(map[string]string, len(msg.Headers))
 	for k, v := range msg.Headers {
