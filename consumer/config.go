@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/dedup/pgstore"
+	"github.com/jackc/pgx/v5"
 )
 
 // BusinessKeyFunc extracts the business key (one business intent, stable
@@ -41,16 +41,9 @@ type Store interface {
 
 // TxStore is a Store that also runs handlers inside its Postgres
 // transaction: atomic mode (Process) and batched atomic mode (ProcessBatch).
-// *pgstore.Store implements it.
-type TxStore interface {
-	Store
-	// Process runs h for msg in atomic mode (pgstore.Store.Process).
-	Process(ctx context.Context, msg *dedup.Message, h pgstore.Handler) (dedup.Result, error)
-	// ProcessBatch runs h for msgs in one transaction (pgstore.Store.ProcessBatch).
-	ProcessBatch(ctx context.Context, msgs []*dedup.Message, h pgstore.Handler) ([]dedup.Result, error)
-}
-
-var _ TxStore = (*pgstore.Store)(nil)
+// *pgstore.Store implements it. New detects it once (a type assertion on
+// Config.Store); Config.Handler requires it.
+type TxStore = dedup.TxStore[pgx.Tx]
 
 func isTxStore(s Store) bool {
 	_, ok := s.(TxStore)
@@ -70,7 +63,7 @@ type Config struct {
 	Store Store
 	// Handler is the business logic, run inside the record's transaction
 	// (atomic mode). Exactly one of Handler and LeaseHandler is required.
-	Handler pgstore.Handler
+	Handler dedup.TxHandler[pgx.Tx]
 	// LeaseHandler is business logic with side effects outside the database,
 	// run in lease mode (owner token, fence, heartbeat; see dedup.Lease).
 	LeaseHandler dedup.LeaseHandler
@@ -128,6 +121,24 @@ type Config struct {
 	// Logger receives a warning per retry, conflict or dead letter and a
 	// debug line per processed or duplicate delivery. Default slog.Default().
 	Logger *slog.Logger
+	// MaxHandlerDuration bounds one handler execution, in both drive modes
+	// and every broker: the handler's ctx gets this deadline (the claim and
+	// the mark do not), and a handler that returns an error after it passed
+	// is a failed attempt of class "timeout" (errors.Is
+	// context.DeadlineExceeded), retried and dead-lettered like any other
+	// retryable failure. A handler that ignores its ctx is not stopped.
+	// Default 0: no bound. It must not be negative. A push adapter checks it
+	// against its broker's timers (PushConfig.CallTimeout: MaxHandlerDuration
+	// × DeliveriesPerCall must be below it). Applied by the timeout
+	// middleware (see Middleware).
+	MaxHandlerDuration time.Duration
+	// Middleware wraps the processing of every delivery, in both drive
+	// modes, between the built-in metrics middleware (outside) and the
+	// timeout middleware (inside); the first element is the outermost. See
+	// the package documentation, "Middleware". Default none. Not applied to
+	// the batch transactions of batched atomic mode (BatchSize > 1): New
+	// refuses both together.
+	Middleware []Middleware
 }
 
 // ErrInvalidConfig is wrapped by every Config error.
@@ -198,8 +209,17 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: LaneBuffer %d must be at least 1", ErrInvalidConfig, c.LaneBuffer)
 	case c.LeaseHandler != nil && c.Lease.ValidateUnder(0) != nil:
 		return fmt.Errorf("%w: Lease: %v", ErrInvalidConfig, c.Lease.ValidateUnder(0))
+	case c.MaxHandlerDuration < 0:
+		return fmt.Errorf("%w: MaxHandlerDuration %s must not be negative", ErrInvalidConfig, c.MaxHandlerDuration)
+	case len(c.Middleware) > 0 && c.BatchSize > 1:
+		return fmt.Errorf("%w: Middleware cannot be used with BatchSize %d (a batch runs in one transaction, not one delivery at a time)", ErrInvalidConfig, c.BatchSize)
 	case c.ShutdownGrace < 0:
 		return fmt.Errorf("%w: ShutdownGrace %s must not be negative", ErrInvalidConfig, c.ShutdownGrace)
+	}
+	for i, m := range c.Middleware {
+		if m == nil {
+			return fmt.Errorf("%w: Middleware[%d] is nil", ErrInvalidConfig, i)
+		}
 	}
 	return c.CrashLoop.validate()
 }

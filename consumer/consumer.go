@@ -56,17 +56,31 @@ type Consumer struct {
 	log    *slog.Logger
 	tracer trace.Tracer
 	guard  *crashGuard // nil: no start markers (crashloop.go)
+	// tx is Config.Store as a TxStore, resolved once in New (nil: lease
+	// mode only).
+	tx TxStore
+	// process is the middleware chain over core (middleware.go).
+	process ProcessFunc
+	// inFlightSet: Config.CrashLoop.InFlight was given (not defaulted).
+	inFlightSet bool
 }
 
 // New validates cfg and returns a Consumer. Errors wrap ErrInvalidConfig.
+//
+// New resolves the store's optional capabilities once: TxStore (atomic and
+// batched modes) and StartMarker (crash-loop bounding).
 func New(cfg Config) (*Consumer, error) {
+	inFlightSet := cfg.CrashLoop.InFlight != 0
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	log := cfg.Logger.With("scope", cfg.Scope)
-	return &Consumer{cfg: cfg, log: log, guard: newCrashGuard(cfg, log),
-		tracer: cfg.TracerProvider.Tracer("github.com/idemq/idemq/consumer")}, nil
+	tx, _ := cfg.Store.(TxStore)
+	c := &Consumer{cfg: cfg, log: log, guard: newCrashGuard(cfg, log), tx: tx, inFlightSet: inFlightSet,
+		tracer: cfg.TracerProvider.Tracer("github.com/idemq/idemq/consumer")}
+	c.process = c.chain()
+	return c, nil
 }
 
 // Config returns the consumer's configuration with defaults applied.
@@ -85,35 +99,16 @@ func (c *Consumer) Handle(ctx context.Context, d Delivery) (dedup.Result, error)
 	return c.handle(ctx, d, c.guard.pushSession(d.Lane))
 }
 
-// handle is Handle within the crash-loop session sess of d's lane (nil: none).
+// handle is Handle within the crash-loop session sess of d's lane (nil:
+// none): identity, then the middleware chain (middleware.go) down to the
+// core. Run and the push entry points both come here for every delivery.
 func (c *Consumer) handle(ctx context.Context, d Delivery, sess *laneSession) (dedup.Result, error) {
 	msg, reject, err := c.prepare(d)
 	if err != nil {
 		return dedup.Result{}, err
 	}
-	start := time.Now()
-	ctx, span := c.startSpan(ctx, msg)
-	defer span.End()
-	var res dedup.Result
-	switch {
-	case reject != nil:
-		res, err = c.cfg.Store.Reject(ctx, msg, dedup.ReasonBadInput, reject)
-	case c.cfg.LeaseHandler != nil:
-		res, err = c.cfg.Store.ProcessLeased(ctx, msg, c.cfg.LeaseHandler, c.cfg.Lease)
-	default:
-		res, err = c.process(ctx, msg, d, sess)
-	}
-	endSpan(span, res, err)
-	if err != nil {
-		c.log.Warn("idemq: outcome not recorded; will be redelivered", "message_id", msg.Identity.MessageID, "source", msg.Source,
-			"class", dedup.Classify(err), "handler_called", res.HandlerCalled, "err", err)
-		return res, err
-	}
-	if do, ok := c.cfg.Metrics.(DurationObserver); ok {
-		do.ObserveDuration(c.cfg.Scope, res.Outcome, time.Since(start))
-	}
-	c.report(msg, res)
-	return res, nil
+	d.Message = msg
+	return c.process(context.WithValue(ctx, stateKey{}, &state{reject: reject, sess: sess}), &d)
 }
 
 // HandleBatch handles deliveries in one transaction (pgstore.Store.
@@ -154,7 +149,7 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 	ctx, span := c.tracer.Start(ctx, "idemq deliver batch", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...),
 		trace.WithAttributes(attribute.String("messaging.consumer.group.name", c.cfg.Scope), attribute.Int("messaging.batch.message_count", len(msgs))))
 	defer span.End()
-	batch, err := c.cfg.Store.(TxStore).ProcessBatch(ctx, msgs, c.cfg.Handler)
+	batch, err := c.tx.ProcessBatch(ctx, msgs, boundTx(c.cfg.Handler, c.cfg.MaxHandlerDuration))
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "batch not recorded")
@@ -244,29 +239,39 @@ func (c *Consumer) extract(msg *dedup.Message) (bk string, err error) {
 	return c.cfg.BusinessKey(msg)
 }
 
+// report counts and logs a recorded outcome of batched mode, which runs
+// outside the per-delivery chain (see the package doc, "Middleware").
 func (c *Consumer) report(msg *dedup.Message, res dedup.Result) {
+	c.count(res)
+	c.logOutcome(context.Background(), msg, res)
+}
+
+// count reports a recorded outcome to Config.Metrics.
+func (c *Consumer) count(res dedup.Result) {
 	c.cfg.Metrics.Delivery(c.cfg.Scope, res.Outcome, res.MatchedBy)
 	if ro, ok := c.cfg.Metrics.(ReasonObserver); ok && res.Reason != "" {
 		ro.ObserveReason(c.cfg.Scope, res.Outcome, res.Reason)
 	}
-	level := slog.LevelWarn
-	if res.Outcome == dedup.OutcomeProcessed || res.Outcome == dedup.OutcomeDuplicate {
-		level = slog.LevelDebug
-	}
-	if !c.log.Enabled(context.Background(), level) {
+}
+
+// logOutcome logs a recorded outcome: debug for processed and duplicate
+// deliveries, warning for the others.
+func (c *Consumer) logOutcome(ctx context.Context, msg *dedup.Message, res dedup.Result) {
+	level := logLevel(res.Outcome)
+	if !c.log.Enabled(ctx, level) {
 		return // no log line: skip building its attributes (every delivery passes here)
 	}
 	attrs := []any{"outcome", res.Outcome, "message_id", msg.Identity.MessageID, "business_key", msg.Identity.BusinessKey,
 		"source", msg.Source, "attempts", res.Attempts, "record_status", res.Status}
 	switch res.Outcome {
 	case dedup.OutcomeProcessed:
-		c.log.Debug("idemq: delivery", attrs...)
+		c.log.DebugContext(ctx, "idemq: delivery", attrs...)
 	case dedup.OutcomeDuplicate:
 		// Duplicates are normal under at-least-once delivery: debug, counted
 		// by Metrics.
-		c.log.Debug("idemq: delivery", append(attrs, "matched_by", res.MatchedBy)...)
+		c.log.DebugContext(ctx, "idemq: delivery", append(attrs, "matched_by", res.MatchedBy)...)
 	default:
-		c.log.Warn("idemq: delivery", append(attrs, "matched_by", res.MatchedBy, "reason", res.Reason, "err", res.Err)...)
+		c.log.WarnContext(ctx, "idemq: delivery", append(attrs, "matched_by", res.MatchedBy, "reason", res.Reason, "err", res.Err)...)
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/dedup/pgstore"
+	"github.com/jackc/pgx/v5"
 )
 
 // CrashLoopConfig configures how a Consumer bounds a message whose handler
@@ -28,12 +28,13 @@ type CrashLoopConfig struct {
 	// in between. Default 1000; 1 to 1,000,000,000. It does not change how
 	// many deliveries are checked after a restart (see InFlight).
 	Window int64
-	// InFlight is, in push mode (Handle, HandleInPlace), how many deliveries
+	// InFlight is, in push mode (Handle, HandleInPlace, Pusher.Handle), how many deliveries
 	// of one lane may run at once: after a start, up to this many
 	// deliveries of a lane that lie at or below its watermark and have no
 	// final record get a start marker each and run one at a time,
-	// process-wide. Default 1; 1 to 1,000,000,000. rocketmqadapter sets it to
-	// ConsumeGoroutines × BatchMaxSize when it is 0. Run (pull mode) ignores
+	// process-wide. Default 1; 1 to 1,000,000,000; a Pusher (Consumer.Push)
+	// uses PushConfig.ConcurrentCalls × DeliveriesPerCall when it is 0
+	// (rocketmqadapter: ConsumeGoroutines × BatchMaxSize). Run (pull mode) ignores
 	// it: a pull lane runs one delivery, or one batch of BatchSize, at a time,
 	// so it uses BatchSize.
 	InFlight int
@@ -85,8 +86,6 @@ type StartMarker interface {
 	ClearStart(ctx context.Context, m dedup.StartMark) error
 }
 
-var _ StartMarker = (*pgstore.Store)(nil)
-
 // crashGuard is a Consumer's crash-loop state: its lanes' sessions and the
 // process-wide turn of marked runs.
 type crashGuard struct {
@@ -120,6 +119,16 @@ func newCrashGuard(cfg Config, log *slog.Logger) *crashGuard {
 // pushSession returns the session of lane for Handle, one per lane for the
 // Consumer's life (nil without a guard or a lane).
 func (g *crashGuard) pushSession(lane string) *laneSession {
+	if g == nil {
+		return nil
+	}
+	return g.pushSessionN(lane, g.pushInFlight)
+}
+
+// pushSessionN is pushSession for a lane that may run up to inFlight
+// deliveries at once (Pusher: PushConfig's concurrency unless
+// CrashLoop.InFlight is set); the first call for a lane decides.
+func (g *crashGuard) pushSessionN(lane string, inFlight int) *laneSession {
 	if g == nil || lane == "" {
 		return nil
 	}
@@ -127,7 +136,7 @@ func (g *crashGuard) pushSession(lane string) *laneSession {
 	defer g.mu.Unlock()
 	s := g.push[lane]
 	if s == nil {
-		s = &laneSession{g: g, lane: lane, inFlight: g.pushInFlight}
+		s = &laneSession{g: g, lane: lane, inFlight: inFlight}
 		g.push[lane] = s
 	}
 	return s
@@ -257,29 +266,29 @@ func (s *laneSession) take(off int64) bool {
 	return true
 }
 
-// process runs msg (delivery d) in atomic mode, with a start marker when it
+// processTx runs msg (delivery d) in atomic mode with handler h, with a start marker when it
 // may replay a crash (sess nil: none).
-func (c *Consumer) process(ctx context.Context, msg *dedup.Message, d Delivery, sess *laneSession) (dedup.Result, error) {
-	st := c.cfg.Store.(TxStore)
+func (c *Consumer) processTx(ctx context.Context, msg *dedup.Message, d Delivery, sess *laneSession, h dedup.TxHandler[pgx.Tx]) (dedup.Result, error) {
+	st := c.tx
 	if sess == nil {
-		return st.Process(ctx, msg, c.cfg.Handler)
+		return st.Process(ctx, msg, h)
 	}
 	if err := sess.admit(ctx, d.Offset); err != nil {
 		return dedup.Result{}, err
 	}
 	switch sess.kind(d.Offset) {
 	case runPlain:
-		return st.Process(ctx, msg, c.cfg.Handler)
+		return st.Process(ctx, msg, h)
 	case runCheck:
 		res, done, err := sess.g.sm.CheckReplay(ctx, msg)
 		if err != nil || done {
 			return res, err
 		}
 		if !sess.take(d.Offset) {
-			return st.Process(ctx, msg, c.cfg.Handler)
+			return st.Process(ctx, msg, h)
 		}
 	}
-	return sess.g.runMarked(ctx, msg, func() (dedup.Result, error) { return st.Process(ctx, msg, c.cfg.Handler) })
+	return sess.g.runMarked(ctx, msg, func() (dedup.Result, error) { return st.Process(ctx, msg, h) })
 }
 
 // runMarked writes a start marker for msg and runs process, alone among the

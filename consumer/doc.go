@@ -2,9 +2,11 @@
 // store and the user's handler.
 //
 // A Consumer turns each Delivery into a dedup identity (scope from Config,
-// message ID from the adapter, business key from Config.BusinessKey), runs the
-// handler through pgstore.Store.Process and reports the outcome to Metrics and
-// the log. It never acknowledges a delivery whose outcome is not durable,
+// message ID from the adapter, business key from Config.BusinessKey), passes
+// it through the middleware chain to the store (claim, handler, mark:
+// pgstore.Store.Process in atomic mode) and reports the outcome to Metrics,
+// the log and the trace. The package imports no store: New detects the
+// store's capabilities (TxStore, StartMarker) once. It never acknowledges a delivery whose outcome is not durable,
 // nor one whose outcome is unknown (dedup.ErrOutcomeUnknown: the connection
 // was lost at COMMIT): that one is retried like a failure (Kafka: in place;
 // RocketMQ: ConsumeRetryLater) without counting an attempt, and the next
@@ -23,8 +25,54 @@
 //     whose lanes can be taken away (a Kafka rebalance) implements
 //     [Revocable]: a revoked lane's waiting deliveries are dropped, its
 //     in-place retries stop, and what was completed is committed at once.
-//   - Push (RocketMQ): the adapter calls Handle for each message of a batch
-//     and maps the outcome to ConsumeSuccess / ConsumeRetryLater itself.
+//   - Push (RocketMQ): the broker client calls a listener, which binds the
+//     Consumer to its broker once with Consumer.Push (PushConfig: the call
+//     timeout, deliveries per call, concurrent calls, max redeliveries and
+//     the redelivery horizon, each checked against Config), then hands every
+//     message of a call to Pusher.Handle and maps its Verdict (Ack,
+//     RetryLater) to the broker's answer (ConsumeSuccess, ConsumeRetryLater).
+//     Each copy gets one attempt, and a retry is the broker's redelivery;
+//     the broker's last copy (Message.ReconsumeTimes >= MaxRedeliveries) is
+//     retried in place instead, so it never leaves the store's view before
+//     its outcome is durable. Copies of one message ID run one at a time in
+//     the process.
+//
+// Both modes run every delivery through the same code: identity, then the
+// middleware chain, then the core. Consumer.Handle and HandleInPlace are the
+// same path for callers that drive the Consumer themselves.
+//
+// # Middleware
+//
+// A Middleware is a plain function, func(next ProcessFunc) ProcessFunc, in
+// the style of Watermill's router. The chain, outermost first:
+//
+//  1. tracing: one span per delivery attempt ("idemq deliver <topic>"), child
+//     of the message's traceparent header (Config.TracerProvider); what
+//     runs below, the handler included, gets its ctx;
+//  2. recover: a panic below (a user middleware, a Metrics implementation,
+//     the store) becomes an error wrapping *dedup.PanicError, logged with
+//     its stack; the delivery is not acknowledged and not counted. A panic in
+//     the handler itself never gets here: the store records it as a failed
+//     attempt (*dedup.PanicError);
+//  3. logging: one line per recorded outcome, or a warning when the outcome
+//     was not recorded, with the delivery's ctx (Config.Logger);
+//  4. metrics: Config.Metrics, its DurationObserver and ReasonObserver,
+//     for recorded outcomes only, before the acknowledgement;
+//  5. Config.Middleware, the first element outermost: it sees the delivery
+//     with its identity, and the result on the way back;
+//  6. timeout: Config.MaxHandlerDuration (default 0: none) becomes the
+//     deadline of each handler execution, not of the claim or the mark; a
+//     handler that fails after it is a failed attempt of class "timeout".
+//     A push listener's broker timers are checked in Push (MaxHandlerDuration
+//     × DeliveriesPerCall and the lease TTL under CallTimeout);
+//  7. the core: dedup claim, handler, mark (or, for bad input, Reject), with
+//     the crash-loop guard of the lane.
+//
+// The chain is built once in New. Batched atomic mode (BatchSize > 1) runs a
+// batch in one transaction, outside the per-delivery chain: its span is
+// "idemq deliver batch", metrics and logs are reported per delivery, the
+// timeout applies to each handler execution, and Config.Middleware is
+// refused with it.
 //
 // # Modes
 //
@@ -61,7 +109,9 @@
 //     duplicates; the first InFlight ones that are not (BatchSize in Run,
 //     CrashLoop.InFlight in Handle) each run after a start marker
 //     (pgstore.Store.MarkStart), one at a time across the Consumer, and in
-//     batched mode alone before the batch. A marker that finds the attempts
+//     batched mode alone before the batch. A Pusher's lanes use
+//     PushConfig.ConcurrentCalls × DeliveriesPerCall when CrashLoop.InFlight
+//     is not set. A marker that finds the attempts
 //     used up by runs that died returns a dead letter without running the
 //     handler (OutcomeDeadLetter, acked), and the lane moves on.
 //   - A watermark found above what the session wrote means that another

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -156,18 +155,27 @@ func (m *PrometheusMetrics) ObserveDuration(scope string, outcome dedup.Outcome,
 	m.duration.WithLabelValues(scope, string(outcome)).Observe(d.Seconds())
 }
 
-// StoreCollector exports a pgstore.Store's fast-path counters as
+// FastPathStatser is a store that counts its dedup fast-path lookups since it
+// was made; *pgstore.Store implements it.
+type FastPathStatser interface {
+	// FastPathStats reports hits (duplicates answered without Postgres),
+	// misses (fell through) and errors (fell through after a fast-path
+	// error or skip).
+	FastPathStats() (hits, misses, errors int64)
+}
+
+// StoreCollector exports a store's fast-path counters (a *pgstore.Store) as
 // idemq_fastpath_total{result="hit|miss|error"} (hits answered duplicates
 // without Postgres; errors fell through to Postgres, e.g. Redis down,
 // including calls skipped by the fast path's open circuit breaker).
 // Register it with prometheus.Register(consumer.StoreCollector(store)); the
 // breaker's own metrics come from redisfast.FastPath.Collector.
-func StoreCollector(st *pgstore.Store) prometheus.Collector { return storeCollector{st} }
+func StoreCollector(st FastPathStatser) prometheus.Collector { return storeCollector{st} }
 
 var fastPathDesc = prometheus.NewDesc("idemq_fastpath_total",
 	"Dedup fast-path lookups by result (hit, miss, error).", []string{"result"}, nil)
 
-type storeCollector struct{ st *pgstore.Store }
+type storeCollector struct{ st FastPathStatser }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- fastPathDesc }
 

@@ -114,7 +114,11 @@ func runCrashChild(cfg crashChildConfig) error {
 		}
 		return c.Run(ctx, src)
 	case "rocketmq":
-		pc, err := rocketmqadapter.NewPushConsumer(rocketmqadapter.Config{Consumer: cc, NameServers: cfg.NameServers,
+		c, err := consumer.New(cc)
+		if err != nil {
+			return err
+		}
+		pc, err := rocketmqadapter.NewPushConsumer(c, rocketmqadapter.Config{NameServers: cfg.NameServers,
 			Group: cfg.Scope, Topic: cfg.Topic,
 			ClientOptions: []rmqconsumer.Option{rmqconsumer.WithConsumeFromWhere(rmqconsumer.ConsumeFromFirstOffset)}})
 		if err != nil {

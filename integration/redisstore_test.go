@@ -697,9 +697,8 @@ func TestRedisStoreRocketMQRetryTopicAndResend(t *testing.T) {
 		return fx.request(ctx)
 	}
 	obs := &rmqObserver{}
-	rmqPushConsumer(t, rocketmqadapter.Config{
-		Consumer: consumer.Config{Store: s, LeaseHandler: h, Lease: dedup.LeaseOptions{TTL: 5 * time.Second},
-			BusinessKey: rocketmqadapter.BusinessKeyFromKeys},
+	rmqPushConsumer(t, consumer.Config{Store: s, LeaseHandler: h, Lease: dedup.LeaseOptions{TTL: 5 * time.Second},
+		BusinessKey: rocketmqadapter.BusinessKeyFromKeys}, rocketmqadapter.Config{
 		Group: group, Topic: topic, Observe: obs.observe,
 	})
 	p := rmqProducer(t)

@@ -303,12 +303,11 @@ func TestRocketMQRedriveAsNewCLI(t *testing.T) {
 	topic := rmqTopic(t, "it-asnew-", group)
 	calls := newCallCounter()
 	obs := &rmqObserver{}
-	rmqPushConsumer(t, rocketmqadapter.Config{
-		Consumer: consumer.Config{Store: e.store, BusinessKey: rocketmqadapter.BusinessKeyFromKeys,
-			Handler: func(_ context.Context, _ pgx.Tx, m *dedup.Message) error {
-				calls.add(m.Identity.MessageID)
-				return nil
-			}},
+	rmqPushConsumer(t, consumer.Config{Store: e.store, BusinessKey: rocketmqadapter.BusinessKeyFromKeys,
+		Handler: func(_ context.Context, _ pgx.Tx, m *dedup.Message) error {
+			calls.add(m.Identity.MessageID)
+			return nil
+		}}, rocketmqadapter.Config{
 		Group: group, Topic: topic, Observe: obs.observe,
 	})
 	p := rmqProducer(t)

@@ -142,14 +142,28 @@ func (o *rmqObserver) all() []rmqObserved {
 	return append([]rmqObserved(nil), o.seen...)
 }
 
-// rmqPushConsumer starts an in-process adapter consumer reading topic from
-// the first offset; it is shut down at the end of the test.
-func rmqPushConsumer(t testing.TB, cfg rocketmqadapter.Config) *rocketmqadapter.PushConsumer {
+// rmqConsumer builds the runtime of a RocketMQ listener.
+func rmqConsumer(t testing.TB, cc consumer.Config) *consumer.Consumer {
+	t.Helper()
+	c, err := consumer.New(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// rmqPushConsumer starts an in-process adapter consumer running cc (Scope
+// defaults to cfg.Group) and reading topic from the first offset; it is shut
+// down at the end of the test.
+func rmqPushConsumer(t testing.TB, cc consumer.Config, cfg rocketmqadapter.Config) *rocketmqadapter.PushConsumer {
 	t.Helper()
 	ns, _ := rmqEndpoints(t)
 	cfg.NameServers = ns
 	cfg.ClientOptions = append(cfg.ClientOptions, rmqconsumer.WithConsumeFromWhere(rmqconsumer.ConsumeFromFirstOffset))
-	pc, err := rocketmqadapter.NewPushConsumer(cfg)
+	if cc.Scope == "" {
+		cc.Scope = cfg.Group
+	}
+	pc, err := rocketmqadapter.NewPushConsumer(rmqConsumer(t, cc), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,9 +208,8 @@ func rmqRetryCopy(m *primitive.MessageExt, group, offsetMsgID string, offset int
 
 func rmqListener(t testing.TB, e *env, scope string, h pgstore.Handler, obs *rmqObserver) *rocketmqadapter.Listener {
 	t.Helper()
-	l, err := rocketmqadapter.NewListener(rocketmqadapter.Config{
-		Consumer: consumer.Config{Scope: scope, Store: e.store, Handler: h, BusinessKey: rocketmqadapter.BusinessKeyFromKeys},
-		Observe:  obs.observe,
+	l, err := rocketmqadapter.NewListener(rmqConsumer(t, consumer.Config{Scope: scope, Store: e.store, Handler: h, BusinessKey: rocketmqadapter.BusinessKeyFromKeys}), rocketmqadapter.Config{
+		Observe: obs.observe,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -716,9 +729,8 @@ func TestRocketMQRetryThroughRetryTopic(t *testing.T) {
 		return nil
 	}
 	obs := &rmqObserver{}
-	rmqPushConsumer(t, rocketmqadapter.Config{
-		Consumer: consumer.Config{Store: e.store, Handler: h},
-		Group:    group, Topic: topic, Observe: obs.observe,
+	rmqPushConsumer(t, consumer.Config{Store: e.store, Handler: h}, rocketmqadapter.Config{
+		Group: group, Topic: topic, Observe: obs.observe,
 	})
 	uniq := rmqSend(t, rmqProducer(t), topic, []byte(`{"pay":1}`), "")
 	eventually(t, 60*time.Second, "SUCCEEDED", func() bool {
@@ -773,7 +785,7 @@ func TestRocketMQPoisonThroughRetryTopic(t *testing.T) {
 		return errors.New("address invalid")
 	}
 	obs := &rmqObserver{}
-	rmqPushConsumer(t, rocketmqadapter.Config{Consumer: consumer.Config{Store: e.store, Handler: h}, Group: group, Topic: topic, Observe: obs.observe})
+	rmqPushConsumer(t, consumer.Config{Store: e.store, Handler: h}, rocketmqadapter.Config{Group: group, Topic: topic, Observe: obs.observe})
 	uniq := rmqSend(t, rmqProducer(t), topic, []byte(`{"ship":"nowhere"}`), "")
 	eventually(t, 60*time.Second, "FAILED_FINAL", func() bool {
 		r, err := e.store.Lookup(e.ctx, group, uniq)
@@ -806,9 +818,8 @@ func TestRocketMQProducerResendIsDuplicate(t *testing.T) {
 		return err
 	}
 	obs := &rmqObserver{}
-	rmqPushConsumer(t, rocketmqadapter.Config{
-		Consumer: consumer.Config{Store: e.store, Handler: h, BusinessKey: rocketmqadapter.BusinessKeyFromKeys},
-		Group:    group, Topic: topic, Observe: obs.observe,
+	rmqPushConsumer(t, consumer.Config{Store: e.store, Handler: h, BusinessKey: rocketmqadapter.BusinessKeyFromKeys}, rocketmqadapter.Config{
+		Group: group, Topic: topic, Observe: obs.observe,
 	})
 	p := rmqProducer(t)
 	u1 := rmqSend(t, p, topic, rmqOrderBody("order-1", 100), "", "order-1")
@@ -1038,8 +1049,7 @@ func TestRocketMQLastCopyRetriedInPlace(t *testing.T) {
 		_, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ($1, 1)`, m.Identity.MessageID)
 		return err
 	}
-	l, err := rocketmqadapter.NewListener(rocketmqadapter.Config{
-		Consumer:          consumer.Config{Scope: "ledger", Store: e.store, Handler: h, RetryInitial: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond},
+	l, err := rocketmqadapter.NewListener(rmqConsumer(t, consumer.Config{Scope: "ledger", Store: e.store, Handler: h, RetryInitial: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond}), rocketmqadapter.Config{
 		MaxReconsumeTimes: 3,
 	})
 	if err != nil {

@@ -144,11 +144,10 @@ func TestRocketMQS20BlankMessageIDProperty(t *testing.T) {
 	topic := rmqTopic(t, "it-s20-", group)
 	calls := newCallCounter()
 	obs := &rmqObserver{}
-	rmqPushConsumer(t, rocketmqadapter.Config{
-		Consumer: consumer.Config{Store: e.store, Handler: func(_ context.Context, _ pgx.Tx, m *dedup.Message) error {
-			calls.add(m.Identity.MessageID)
-			return nil
-		}, BusinessKey: rocketmqadapter.BusinessKeyFromProperty("order-id", false)},
+	rmqPushConsumer(t, consumer.Config{Store: e.store, Handler: func(_ context.Context, _ pgx.Tx, m *dedup.Message) error {
+		calls.add(m.Identity.MessageID)
+		return nil
+	}, BusinessKey: rocketmqadapter.BusinessKeyFromProperty("order-id", false)}, rocketmqadapter.Config{
 		Group: group, Topic: topic, Observe: obs.observe,
 	})
 	p := rmqProducer(t)

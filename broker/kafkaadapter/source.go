@@ -113,7 +113,7 @@ func NewSource(cfg Config) (*Source, error) {
 		return nil, fmt.Errorf("%w: FetchRetryMax %s must not be negative", ErrInvalidConfig, cfg.FetchRetryMax)
 	}
 	if err := rc.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: Reader: %v", ErrInvalidConfig, err)
 	}
 	if bmin, bmax := cmp.Or(rc.ReadBackoffMin, 100*time.Millisecond), cmp.Or(rc.ReadBackoffMax, time.Second); bmax < bmin {
 		return nil, fmt.Errorf("%w: Reader.ReadBackoffMax %s is below Reader.ReadBackoffMin %s (defaults 1s and 100ms)", ErrInvalidConfig, bmax, bmin)

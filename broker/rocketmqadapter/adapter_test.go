@@ -193,33 +193,46 @@ func offlineStore(t *testing.T, tweak func(*pgstore.Config)) *pgstore.Store {
 
 func noop(context.Context, pgx.Tx, *dedup.Message) error { return nil }
 
+// newConsumer builds the runtime a Listener runs (Scope "g" unless set).
+func newConsumer(t *testing.T, cc consumer.Config) *consumer.Consumer {
+	t.Helper()
+	if cc.Scope == "" {
+		cc.Scope = "g"
+	}
+	c, err := consumer.New(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func TestConfigValidation(t *testing.T) {
 	st := offlineStore(t, func(c *pgstore.Config) { c.MaxAttempts = 5 })
-	base := func() Config {
-		return Config{Consumer: consumer.Config{Store: st, Handler: noop}, Group: "g1"}
-	}
 	cases := []struct {
-		name  string
-		tweak func(*Config)
-		want  []string // substrings of the error; nil: valid
+		name   string
+		tweak  func(*Config)
+		bound  time.Duration // consumer.Config.MaxHandlerDuration
+		want   []string      // substrings of the error; nil: valid
+		wantIs error         // the sentinel the error wraps
 	}{
-		{"defaults", func(*Config) {}, nil},
-		{"handler bound fits", func(c *Config) { c.MaxHandlerDuration = 14 * time.Minute }, nil},
-		{"handler bound too long", func(c *Config) { c.MaxHandlerDuration = 15 * time.Minute }, []string{"MaxHandlerDuration 15m0s", "ConsumeTimeout 15m0s"}},
-		{"batch makes it too long", func(c *Config) {
-			c.MaxHandlerDuration, c.BatchMaxSize, c.ConsumeTimeout = 20*time.Second, 4, time.Minute
-		}, []string{"MaxHandlerDuration 20s", "BatchMaxSize 4", "1m20s", "ConsumeTimeout 1m0s"}},
-		{"reconsume below attempts", func(c *Config) { c.MaxReconsumeTimes = 3 }, []string{"MaxReconsumeTimes 3", "4 deliveries", "MaxAttempts 5"}},
-		{"reconsume just enough", func(c *Config) { c.MaxReconsumeTimes = 4 }, nil},
-		{"batch too big", func(c *Config) { c.BatchMaxSize = 2000 }, []string{"BatchMaxSize 2000"}},
-		{"timeout too small", func(c *Config) { c.ConsumeTimeout = time.Millisecond }, []string{"ConsumeTimeout 1ms"}},
-		{"no store", func(c *Config) { c.Consumer.Store = nil }, []string{"Store"}},
-		{"no scope", func(c *Config) { c.Group = "" }, []string{"Scope"}},
+		{name: "defaults", tweak: func(*Config) {}},
+		{name: "handler bound fits", tweak: func(*Config) {}, bound: 14 * time.Minute},
+		{name: "handler bound too long", tweak: func(*Config) {}, bound: 15 * time.Minute,
+			want: []string{"MaxHandlerDuration 15m0s", "CallTimeout 15m0s", "ConsumeTimeout 15m0s"}, wantIs: consumer.ErrInvalidConfig},
+		{name: "batch makes it too long", tweak: func(c *Config) { c.BatchMaxSize, c.ConsumeTimeout = 4, time.Minute }, bound: 20 * time.Second,
+			want: []string{"MaxHandlerDuration 20s", "BatchMaxSize 4", "1m20s", "ConsumeTimeout 1m0s"}, wantIs: consumer.ErrInvalidConfig},
+		{name: "reconsume below attempts", tweak: func(c *Config) { c.MaxReconsumeTimes = 3 },
+			want: []string{"MaxReconsumeTimes 3", "4 deliveries", "MaxAttempts 5"}, wantIs: consumer.ErrInvalidConfig},
+		{name: "reconsume just enough", tweak: func(c *Config) { c.MaxReconsumeTimes = 4 }},
+		{name: "batch too big", tweak: func(c *Config) { c.BatchMaxSize = 2000 }, want: []string{"BatchMaxSize 2000"}, wantIs: ErrInvalidConfig},
+		{name: "timeout too small", tweak: func(c *Config) { c.ConsumeTimeout = time.Millisecond }, want: []string{"ConsumeTimeout 1ms"}, wantIs: ErrInvalidConfig},
+		{name: "goroutines", tweak: func(c *Config) { c.ConsumeGoroutines = -1 }, want: []string{"ConsumeGoroutines -1"}, wantIs: ErrInvalidConfig},
+		{name: "message ID property", tweak: func(c *Config) { c.MessageIDProperty = " id" }, want: []string{"MessageIDProperty"}, wantIs: ErrInvalidConfig},
 	}
 	for _, c := range cases {
-		cfg := base()
+		cfg := Config{Group: "g1"}
 		c.tweak(&cfg)
-		_, err := NewListener(cfg)
+		_, err := NewListener(newConsumer(t, consumer.Config{Store: st, Handler: noop, MaxHandlerDuration: c.bound}), cfg)
 		if c.want == nil {
 			if err != nil {
 				t.Errorf("%s: %v", c.name, err)
@@ -230,20 +243,34 @@ func TestConfigValidation(t *testing.T) {
 			t.Errorf("%s: accepted", c.name)
 			continue
 		}
+		if !errors.Is(err, c.wantIs) {
+			t.Errorf("%s: error %q does not wrap %v", c.name, err, c.wantIs)
+		}
 		for _, w := range c.want {
 			if !strings.Contains(err.Error(), w) {
 				t.Errorf("%s: error %q does not name %q", c.name, err, w)
 			}
 		}
 	}
-	if _, err := NewPushConsumer(base()); err == nil || !strings.Contains(err.Error(), "NameServers") {
+	if _, err := NewListener(nil, Config{}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("NewListener without a consumer: %v", err)
+	}
+	c := newConsumer(t, consumer.Config{Store: st, Handler: noop})
+	if _, err := NewPushConsumer(c, Config{Group: "g1", Topic: "t"}); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "NameServers") {
 		t.Errorf("NewPushConsumer without name servers: %v", err)
+	}
+	if _, err := NewPushConsumer(c, Config{NameServers: []string{"x:1"}, Topic: "t"}); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "Group") {
+		t.Errorf("NewPushConsumer without group: %v", err)
+	}
+	if _, err := NewPushConsumer(c, Config{NameServers: []string{"x:1"}, Group: "g"}); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "Topic") {
+		t.Errorf("NewPushConsumer without topic: %v", err)
 	}
 }
 
 func TestRetentionMustExceedHorizon(t *testing.T) {
 	st := offlineStore(t, func(c *pgstore.Config) { c.SucceededRetention = 2 * time.Hour })
-	_, err := NewListener(Config{Consumer: consumer.Config{Store: st, Handler: noop, Scope: "g"}})
+	c := newConsumer(t, consumer.Config{Store: st, Handler: noop})
+	_, err := NewListener(c, Config{})
 	if !errors.Is(err, dedup.ErrRetentionTooShort) {
 		t.Fatalf("err = %v, want ErrRetentionTooShort", err)
 	}
@@ -253,8 +280,7 @@ func TestRetentionMustExceedHorizon(t *testing.T) {
 	// With 1 s delay levels, 3 reconsumes and a 1 m consume timeout the
 	// horizon is 3s + 4m: 2h is plenty.
 	ones, _ := ParseDelayLevels("1s 1s 1s 1s 1s 1s")
-	if _, err := NewListener(Config{Consumer: consumer.Config{Store: st, Handler: noop, Scope: "g"},
-		DelayLevels: ones, MaxReconsumeTimes: 4, ConsumeTimeout: time.Minute}); err != nil {
+	if _, err := NewListener(c, Config{DelayLevels: ones, MaxReconsumeTimes: 4, ConsumeTimeout: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	if h := (Config{DelayLevels: ones, MaxReconsumeTimes: 3, ConsumeTimeout: time.Minute}).Horizon(); h != 3*time.Second+4*time.Minute {
@@ -267,8 +293,8 @@ func TestRetentionMustExceedHorizon(t *testing.T) {
 func TestDatabaseDownRetriesLater(t *testing.T) {
 	st := offlineStore(t, nil)
 	var observed []error
-	l, err := NewListener(Config{Consumer: consumer.Config{Store: st, Handler: noop, Scope: "g"},
-		Observe: func(_ consumer.Delivery, _ dedup.Result, err error) { observed = append(observed, err) }})
+	l, err := NewListener(newConsumer(t, consumer.Config{Store: st, Handler: noop}),
+		Config{Observe: func(_ consumer.Delivery, _ dedup.Result, err error) { observed = append(observed, err) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +309,7 @@ func TestDatabaseDownRetriesLater(t *testing.T) {
 
 func TestStopHoldsNewCallsUntilAbort(t *testing.T) {
 	st := offlineStore(t, nil)
-	l, err := NewListener(Config{Consumer: consumer.Config{Store: st, Handler: noop, Scope: "g"}})
+	l, err := NewListener(newConsumer(t, consumer.Config{Store: st, Handler: noop}), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,66 +333,16 @@ func TestStopHoldsNewCallsUntilAbort(t *testing.T) {
 	}
 }
 
-func TestKeyLocksSerializeOneKey(t *testing.T) {
-	var k keyLocks
-	k.m = map[string]*keyLock{}
-	unlock, err := k.lock(context.Background(), "U1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := k.lock(context.Background(), "U2")
-	if err != nil {
-		t.Fatal("another key must not wait:", err)
-	}
-	other()
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if _, err := k.lock(ctx, "U1"); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("second lock of U1: %v, want to wait", err)
-	}
-	unlock()
-	unlock2, err := k.lock(context.Background(), "U1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	unlock2()
-	if len(k.m) != 0 {
-		t.Fatalf("locks leaked: %d", len(k.m))
-	}
-}
-
-func TestBoundHandlerReportsTimeout(t *testing.T) {
-	slow := func(ctx context.Context, _ pgx.Tx, _ *dedup.Message) error {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	err := boundHandler(slow, 20*time.Millisecond)(context.Background(), nil, &dedup.Message{})
-	if !errors.Is(err, context.DeadlineExceeded) || dedup.ErrorClass(err) != "timeout" {
-		t.Fatalf("err = %v (class %s)", err, dedup.ErrorClass(err))
-	}
-	wrapped := func(ctx context.Context, _ pgx.Tx, _ *dedup.Message) error {
-		<-ctx.Done()
-		return errors.New("query canceled")
-	}
-	err = boundHandler(wrapped, 20*time.Millisecond)(context.Background(), nil, &dedup.Message{})
-	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "MaxHandlerDuration 20ms") || !strings.Contains(err.Error(), "query canceled") {
-		t.Fatalf("err = %v", err)
-	}
-	if err := boundHandler(noop, time.Second)(context.Background(), nil, &dedup.Message{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestLeaseTTLMustFitUnderConsumeTimeout(t *testing.T) {
 	st := offlineStore(t, nil)
 	lh := func(context.Context, *dedup.Message) error { return nil }
-	_, err := NewListener(Config{Consumer: consumer.Config{Store: st, LeaseHandler: lh, Scope: "g", Lease: dedup.LeaseOptions{TTL: 2 * time.Minute}},
-		ConsumeTimeout: time.Minute})
-	if err == nil || !strings.Contains(err.Error(), "2m0s") || !strings.Contains(err.Error(), "1m0s") {
+	_, err := NewListener(newConsumer(t, consumer.Config{Store: st, LeaseHandler: lh, Lease: dedup.LeaseOptions{TTL: 2 * time.Minute}}),
+		Config{ConsumeTimeout: time.Minute})
+	if !errors.Is(err, consumer.ErrInvalidConfig) || !strings.Contains(err.Error(), "2m0s") || !strings.Contains(err.Error(), "1m0s") {
 		t.Fatalf("err = %v, want both numbers", err)
 	}
-	l, err := NewListener(Config{Consumer: consumer.Config{Store: st, LeaseHandler: lh, Scope: "g", Lease: dedup.LeaseOptions{TTL: 30 * time.Second}},
-		ConsumeTimeout: time.Minute, MaxHandlerDuration: 10 * time.Second})
+	l, err := NewListener(newConsumer(t, consumer.Config{Store: st, LeaseHandler: lh, Lease: dedup.LeaseOptions{TTL: 30 * time.Second},
+		MaxHandlerDuration: 10 * time.Second}), Config{ConsumeTimeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,21 @@
 // Package rocketmqadapter connects idemq to RocketMQ through
 // github.com/apache/rocketmq-client-go/v2 (Remoting protocol, so point it at
-// the NameServer of a 4.x or 5.x broker, not at the gRPC proxy). It wraps the
-// user's handler (consumer.Config.Handler) as the listener of a push
-// consumer in clustering mode: every message goes through
-// consumer.Consumer.Handle, which claims it in Postgres, runs the handler in
-// the claim's transaction and records the outcome, and only then is the
-// broker answered.
+// the NameServer of a 4.x or 5.x broker, not at the gRPC proxy). It is a thin
+// translator between a push consumer in clustering mode and idemq's runtime:
+// the user builds a *consumer.Consumer (store, handler, business key,
+// MaxHandlerDuration, middleware, metrics) with consumer.New, and
+// NewPushConsumer(c, cfg) makes it the client's listener. Config holds broker
+// settings only. NewListener binds c's push entry point (consumer.Consumer.
+// Push) to the broker's timers and limits; then, for each message, the
+// listener translates the MessageExt to a consumer.Delivery (ToDelivery),
+// calls consumer.Pusher.Handle (which claims it in the store, runs the
+// handler, in the claim's transaction in atomic mode, and records the
+// outcome), and maps the Verdict to the client's ConsumeResult; only then is
+// the broker answered.
+//
+//	c, err := consumer.New(consumer.Config{Scope: "order-svc", Store: store, Handler: h})
+//	pc, err := rocketmqadapter.NewPushConsumer(c, rocketmqadapter.Config{
+//		NameServers: ns, Group: "order-svc", Topic: "orders"})
 //
 // The package is named rocketmqadapter so that it does not shadow the
 // client's own consumer, producer and primitive packages.
@@ -44,11 +54,12 @@
 // The listener returns, for each call of the client:
 //
 //   - ConsumeSuccess only after every message of the call has a durable
-//     outcome in Postgres (Handle returned no error and an acknowledgeable
-//     outcome: processed, duplicate, conflict, dead letter);
-//   - ConsumeRetryLater when any message got dedup.OutcomeRetry (the handler
-//     failed and attempts remain) or Handle returned an error (the database
-//     is unreachable, or the consumer is shutting down). The client then
+//     outcome in the store (Pusher.Handle answered consumer.Ack: no error and
+//     an acknowledgeable outcome: processed, duplicate, conflict, dead
+//     letter);
+//   - ConsumeRetryLater when any message got consumer.RetryLater:
+//     dedup.OutcomeRetry (the handler failed and attempts remain) or an
+//     error (the database is unreachable, or the consumer is shutting down). The client then
 //     sends the message back to the broker, which redelivers a copy through
 //     %RETRY%<group> after delay level 3+ReconsumeTimes.
 //
@@ -68,13 +79,14 @@
 // dedup.Message.ReconsumeTimes (column reconsume_times).
 //
 // The broker must allow at least MaxAttempts deliveries:
-// Config.MaxReconsumeTimes must be at least dedup MaxAttempts-1 (checked by
-// NewListener). Leave headroom: a delivery that met a database outage also
-// uses one reconsume. The broker's last copy (ReconsumeTimes >=
-// MaxReconsumeTimes) is never sent back: answering ConsumeRetryLater would
-// move it to %DLQ%<group> out of Postgres' view, so the listener retries it
-// in place (consumer.Config RetryInitial/RetryMax backoff) until its outcome
-// is durable — at worst FAILED_FINAL with a dead letter after MaxAttempts.
+// Config.MaxReconsumeTimes must be at least the store's MaxAttempts-1
+// (consumer.PushConfig.MaxRedeliveries, checked by NewListener). Leave
+// headroom: a delivery that met a database outage also uses one reconsume.
+// The broker's last copy (ReconsumeTimes >= MaxReconsumeTimes) is never sent
+// back: answering ConsumeRetryLater would move it to %DLQ%<group> out of the
+// store's view, so Pusher.Handle retries it in place (consumer.Config
+// RetryInitial/RetryMax backoff) until its outcome is durable — at worst
+// FAILED_FINAL with a dead letter after MaxAttempts.
 //
 // # Batches
 //
@@ -94,10 +106,11 @@
 // A copy is never acknowledged before the first copy's outcome is durable.
 //
 // The client sends a message back when its listener call runs longer than
-// ConsumeTimeout (15 minutes by default). Config.MaxHandlerDuration bounds
-// each handler execution (the handler's context gets that deadline and a
-// timeout counts as a failed attempt); NewListener refuses a bound that does
-// not fit BatchMaxSize times under ConsumeTimeout.
+// ConsumeTimeout (15 minutes by default). consumer.Config.MaxHandlerDuration,
+// the one handler bound of every broker, bounds each handler execution (the
+// handler's context gets that deadline and a timeout counts as a failed
+// attempt); NewListener refuses a bound that does not fit BatchMaxSize times
+// under ConsumeTimeout, and a lease TTL that does not fit under it.
 //
 // # Clients and topics
 //
@@ -131,6 +144,7 @@
 // A record must outlive every copy the broker may still deliver.
 // RedeliveryHorizon sums the delay levels a message passes through up to
 // MaxReconsumeTimes; NewListener refuses a pgstore.Config.SucceededRetention
-// that does not exceed it plus one ConsumeTimeout per delivery (see
+// that does not exceed it plus one ConsumeTimeout per delivery
+// (Config.Horizon, passed as consumer.PushConfig.RedeliveryHorizon; see
 // pgstore.Store.ValidateRetention).
 package rocketmqadapter

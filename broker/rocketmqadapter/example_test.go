@@ -67,19 +67,23 @@ func ExampleNewPushConsumer() {
 	if err := rocketmqadapter.EnsureTopic(ctx, ns, "127.0.0.1:10911", "orders", 4); err != nil {
 		log.Fatal(err)
 	}
-	pc, err := rocketmqadapter.NewPushConsumer(rocketmqadapter.Config{
-		Consumer: consumer.Config{
-			Store: store,
-			Handler: func(ctx context.Context, tx pgx.Tx, msg *dedup.Message) error {
-				_, err := tx.Exec(ctx, `insert into orders (order_id, body) values ($1, $2)`, msg.Identity.BusinessKey, msg.Payload)
-				return err
-			},
-			BusinessKey: rocketmqadapter.BusinessKeyFromKeys, // producers put the order ID in Keys
+	c, err := consumer.New(consumer.Config{
+		Scope: "order-svc", // the consumer group
+		Store: store,
+		Handler: func(ctx context.Context, tx pgx.Tx, msg *dedup.Message) error {
+			_, err := tx.Exec(ctx, `insert into orders (order_id, body) values ($1, $2)`, msg.Identity.BusinessKey, msg.Payload)
+			return err
 		},
-		NameServers:        ns,
-		Group:              "order-svc",
-		Topic:              "orders",
-		MaxHandlerDuration: 30 * time.Second,
+		BusinessKey:        rocketmqadapter.BusinessKeyFromKeys, // producers put the order ID in Keys
+		MaxHandlerDuration: 30 * time.Second,                    // × BatchMaxSize must stay under ConsumeTimeout
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	pc, err := rocketmqadapter.NewPushConsumer(c, rocketmqadapter.Config{
+		NameServers: ns,
+		Group:       "order-svc",
+		Topic:       "orders",
 	})
 	if err != nil {
 		log.Fatal(err)

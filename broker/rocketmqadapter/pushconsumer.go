@@ -10,6 +10,7 @@ import (
 	rocketmq "github.com/apache/rocketmq-client-go/v2"
 	rmqconsumer "github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/idemq/idemq/consumer"
 )
 
 // abortWait bounds how long Shutdown waits for handlers after canceling
@@ -31,10 +32,11 @@ type PushConsumer struct {
 }
 
 // NewPushConsumer validates cfg (see NewListener; NameServers, Group and
-// Topic are required here) and builds the client and its subscription. It
-// does not connect: Start does. Errors wrap ErrInvalidConfig, or come from
-// the client.
-func NewPushConsumer(cfg Config) (*PushConsumer, error) {
+// Topic are required here) and builds the client and its subscription, whose
+// listener runs c. It does not connect: Start does. Errors are NewListener's,
+// wrap ErrInvalidConfig naming the missing field, or come from the client.
+// c's Scope is usually Group.
+func NewPushConsumer(c *consumer.Consumer, cfg Config) (*PushConsumer, error) {
 	switch {
 	case len(cfg.NameServers) == 0:
 		return nil, fmt.Errorf("%w: NameServers is required", ErrInvalidConfig)
@@ -43,7 +45,7 @@ func NewPushConsumer(cfg Config) (*PushConsumer, error) {
 	case cfg.Topic == "":
 		return nil, fmt.Errorf("%w: Topic is required", ErrInvalidConfig)
 	}
-	l, err := NewListener(cfg)
+	l, err := NewListener(c, cfg)
 	if err != nil {
 		return nil, err
 	}

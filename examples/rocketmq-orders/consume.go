@@ -138,13 +138,17 @@ func runConsume(args []string) error {
 		}
 		return o.downstream(msg.Attempt)
 	}
-	pc, err := rocketmqadapter.NewPushConsumer(rocketmqadapter.Config{
-		Consumer: consumer.Config{
-			Store:       store,
-			Handler:     handler,
-			BusinessKey: rocketmqadapter.BusinessKeyFromKeys,
-			Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		},
+	c, err := consumer.New(consumer.Config{
+		Scope:       f.group,
+		Store:       store,
+		Handler:     handler,
+		BusinessKey: rocketmqadapter.BusinessKeyFromKeys,
+		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		return err
+	}
+	pc, err := rocketmqadapter.NewPushConsumer(c, rocketmqadapter.Config{
 		NameServers:       nameServers(),
 		Group:             f.group,
 		Topic:             f.topic,
