@@ -59,6 +59,13 @@
 // (TestRedriveAsNewCLI, TestRocketMQRedriveAsNewCLI,
 // TestRedriveAsNewPublishFailsThenRepeats).
 //
+// One runtime for both brokers: consumer.Config.MaxHandlerDuration cuts off
+// a handler stuck in a Postgres statement, each cut a counted attempt, until
+// the message is dead-lettered, and a user middleware sees every attempt,
+// under Kafka (pull, consumer.Run: TestRuntimeKafkaHandlerTimeoutAndMiddleware)
+// and RocketMQ (push, the listener calling consumer.Pusher on the broker's
+// last copy: TestRuntimeRocketMQHandlerTimeoutAndMiddleware).
+//
 // Optional dependencies fail fast: Redis stopped for 10 s in the middle of
 // 5,000 messages leaves effects exactly once while the fast path's circuit
 // breaker opens once and closes once (TestFastPathRedisOutageMidStream), and
