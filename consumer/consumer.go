@@ -86,9 +86,13 @@ func New(cfg Config) (*Consumer, error) {
 // Config returns the consumer's configuration with defaults applied.
 func (c *Consumer) Config() Config { return c.cfg }
 
-// Handle takes one delivery to a durable outcome, once: identity, dedup claim,
-// handler, mark. An OutcomeRetry result means "not acknowledged: deliver
-// again later" (RocketMQ: ConsumeRetryLater). A non-nil error means the
+// Handle takes one delivery to a durable outcome, once: identity, then the
+// middleware chain (see the package doc, "Middleware") down to the dedup
+// claim, handler and mark. It is the single-attempt path under Run and
+// Pusher.Handle, for callers that drive the Consumer themselves; a broker
+// listener uses Push instead (per-message-ID serialization, the broker's
+// last copy, a Verdict). An OutcomeRetry result means "not acknowledged:
+// deliver again later". A non-nil error means the
 // outcome could not be recorded, or is not known to be (database down, ctx
 // ended, the connection lost or terminated at COMMIT: dedup.ErrOutcomeUnknown):
 // do not ack; nothing was counted, and the next copy finds the truth.
