@@ -59,6 +59,10 @@
 // (TestRedriveAsNewCLI, TestRocketMQRedriveAsNewCLI,
 // TestRedriveAsNewPublishFailsThenRepeats).
 //
+// Conformance suites on the real brokers: outbox/publishertest for both
+// publishers (TestPublisherConformanceKafka, TestPublisherConformanceRocketMQ)
+// and consumer/sourcetest for the Kafka source (TestSourceConformanceKafka).
+//
 // Optional dependencies fail fast: Redis stopped for 10 s in the middle of
 // 5,000 messages leaves effects exactly once while the fast path's circuit
 // breaker opens once and closes once (TestFastPathRedisOutageMidStream), and
