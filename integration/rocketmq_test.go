@@ -25,6 +25,7 @@ import (
 	"github.com/idemq/idemq/broker/rocketmqadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -102,7 +103,7 @@ func rmqTrySend(p rocketmq.Producer, topic string, body []byte, messageID string
 		m.WithKeys(keys)
 	}
 	if messageID != "" {
-		m.WithProperty(rocketmqadapter.DefaultMessageIDProperty, messageID)
+		m.WithProperty(wire.MessageIDHeader, messageID)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
