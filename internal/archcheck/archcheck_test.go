@@ -72,6 +72,23 @@ var importRules = []importRule{
 		from:      under("wire"),
 		forbidden: func(_ string, std bool) bool { return !std },
 	},
+	{
+		// The stores sit below the runtime and the brokers: a store never
+		// depends on who drives it.
+		name:      "nothing under dedup/ imports consumer/, broker/ or outbox/",
+		from:      under("dedup"),
+		forbidden: ofModule("consumer", "broker", "outbox"),
+	},
+	{
+		// The core is driver-free: identity, outcomes and the Store
+		// interfaces link no database or Redis client, so an HTTP layer, a
+		// new store or a user's unit test can import it alone.
+		name: "dedup (the core) imports no database or Redis client",
+		from: func(rel string) bool { return rel == "dedup" },
+		forbidden: func(dep string, _ bool) bool {
+			return strings.HasPrefix(dep, "github.com/jackc/") || strings.HasPrefix(dep, "github.com/redis/")
+		},
+	},
 }
 
 func listPackages(t *testing.T) map[string]pkg {
@@ -131,6 +148,8 @@ func TestImportRulesCatchViolations(t *testing.T) {
 	bad := map[string][]string{
 		"outbox/kafkapub": {module + "/broker/kafkaadapter", module + "/consumer"},
 		"wire":            {"github.com/jackc/pgx/v5"},
+		"dedup/pgstore":   {module + "/consumer"},
+		"dedup":           {"github.com/redis/go-redis/v9"},
 	}
 	for _, r := range importRules {
 		caught := false
