@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/publishertest"
 	"github.com/idemq/idemq/outbox/rocketmqpub"
+	"github.com/idemq/idemq/wire"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -188,7 +189,7 @@ func TestSourceConformanceKafka(t *testing.T) {
 				defer func() { _ = w.Close() }()
 				out := make([]kafka.Message, len(msgs))
 				for i, m := range msgs {
-					out[i] = kafka.Message{Key: m.Key, Value: m.Value, Headers: []kafka.Header{{Key: kafkaadapter.DefaultMessageIDHeader, Value: []byte(m.ID)}}}
+					out[i] = kafka.Message{Key: m.Key, Value: m.Value, Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte(m.ID)}}}
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -25,7 +26,7 @@ func msg(t testing.TB, scope, messageID, businessKey, payload string) *dedup.Mes
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &dedup.Message{Identity: id, Payload: []byte(payload), Topic: "payments", Source: "test:" + messageID, Headers: map[string]string{"message-id": messageID}}
+	return &dedup.Message{Identity: id, Payload: []byte(payload), Topic: "payments", Source: "test:" + messageID, Headers: map[string]string{wire.MessageIDHeader: messageID}}
 }
 
 // paymentsTable creates the business table the spy handlers write.

@@ -51,7 +51,8 @@
 // offset back, in every mode (TestKafkaGenerationFencedCommits), bad input
 // (TestKafkaBadInput), retries through the real %RETRY% topic, batched mode,
 // the outbox relay under load and broker outages, metrics, tracing and the
-// CLI. Conflicts carry the reason of their kind in every mode and store
+// CLI (`idemq relay -once` drains the outbox and exits:
+// TestCLIRelayOnceDrains). Conflicts carry the reason of their kind in every mode and store
 // (TestConflictReasons); a re-driven bad_input record runs its next copy
 // (TestRedrivenBadInputRuns); a message-ID collision's dead letter is
 // re-driven as a new message with the CLI on Kafka and RocketMQ, once,
@@ -68,7 +69,8 @@
 // breaker opens once and closes once (TestFastPathRedisOutageMidStream), and
 // BenchmarkFastPathRedisDown holds throughput with Redis down to Postgres
 // only. A lost LISTEN connection (its backend terminated) makes the relay
-// poll at once (TestRelayListenLostFallsBackToPolling); a stuck span exporter
+// poll at once (outbox's own TestRelayListenLostFallsBackToPolling, which
+// needs TEST_POSTGRES_DSN only); a stuck span exporter
 // holds up no delivery (TestTracingExportNeverBlocksDeliveries); a hung
 // Redis under the Redis-only store ends a handler by its lease's clock
 // (TestRedisStoreRenewalFailsByTheLeaseClock).

@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
+	"github.com/idemq/idemq/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -175,7 +176,7 @@ func TestRedisStoreDuplicatesAndConflicts(t *testing.T) {
 	}
 	d := dls[0]
 	if d.ID != r.DeadLetterID || dls[1].ID <= d.ID || d.Reason != dedup.ReasonPayloadConflict || dls[1].Reason != dedup.ReasonPayloadConflict || string(d.Payload) != `{"amount":45}` ||
-		d.MessageID != "m-1" || d.Topic != "payments" || d.Headers["message-id"] != "m-1" {
+		d.MessageID != "m-1" || d.Topic != "payments" || d.Headers[wire.MessageIDHeader] != "m-1" {
 		t.Fatalf("conflict dead letter = %+v", d)
 	}
 	if rest, _ := s.DeadLetters(ctx, "billing", d.ID, 10); len(rest) != 1 || rest[0].MessageID != "m-3" {

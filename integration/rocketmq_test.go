@@ -26,6 +26,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -103,7 +104,7 @@ func rmqTrySend(p rocketmq.Producer, topic string, body []byte, messageID string
 		m.WithKeys(keys)
 	}
 	if messageID != "" {
-		m.WithProperty(rocketmqadapter.DefaultMessageIDProperty, messageID)
+		m.WithProperty(wire.MessageIDHeader, messageID)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

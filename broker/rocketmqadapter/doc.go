@@ -14,7 +14,8 @@
 //
 // The message ID of a delivery is, in order:
 //
-//  1. the "message-id" user property (Config.MessageIDProperty), stamped by
+//  1. the message-id user property (wire.MessageIDHeader,
+//     Config.MessageIDProperty), stamped by
 //     idemq's outbox relay or by any producer that re-sends a message under
 //     the same ID;
 //  2. otherwise MsgId, i.e. the UNIQ_KEY property the producer client stamps
@@ -24,7 +25,7 @@
 //     of the stored copy (Position), where topic is the queue actually read
 //     (%RETRY%<group> for a retry copy).
 //
-// A blank value ("", " ", "\t", any white space: dedup.IsBlank) counts as
+// A blank value ("", " ", "\t", any white space: wire.IsBlank) counts as
 // absent at each step: a blank message-id property falls back to the
 // UNIQ_KEY, never to a " " shared by every such message.
 //

@@ -14,12 +14,9 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 )
-
-// DefaultMessageIDProperty is the user property carrying the message ID,
-// also written by idemq's outbox relay: "message-id".
-const DefaultMessageIDProperty = "message-id"
 
 // Defaults of Config.
 const (
@@ -70,7 +67,8 @@ type Config struct {
 	// clients of one process. Default: InstanceName("idemq-" + Group).
 	InstanceName string
 	// MessageIDProperty names the user property holding the message ID.
-	// Default DefaultMessageIDProperty ("message-id").
+	// Default wire.MessageIDHeader (message-id), the property idemq's
+	// outbox relay writes.
 	MessageIDProperty string
 
 	// ConsumeTimeout is the client's ConsumeTimeout: a listener call running
@@ -129,7 +127,7 @@ func (c Config) withDefaults() Config {
 		c.InstanceName = InstanceName("idemq-" + c.Group)
 	}
 	if c.MessageIDProperty == "" {
-		c.MessageIDProperty = DefaultMessageIDProperty
+		c.MessageIDProperty = wire.MessageIDHeader
 	}
 	if c.ConsumeTimeout == 0 {
 		c.ConsumeTimeout = DefaultConsumeTimeout

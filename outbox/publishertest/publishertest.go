@@ -53,6 +53,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/wire"
 )
 
 // Message is one message read back from the broker.
@@ -97,7 +98,8 @@ type Harness struct {
 	// a refusal is reported.
 	Refuse func(e outbox.Envelope) outbox.Envelope
 	// MessageIDHeader is the header the envelopes carry their message ID
-	// in. Default outbox.DefaultMessageIDHeader ("message-id").
+	// in. Default wire.MessageIDHeader ("message-id"), the default of
+	// outbox.Config.MessageIDHeader.
 	MessageIDHeader string
 }
 
@@ -130,7 +132,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 				t.Fatal("publishertest: Harness.Refuse is nil")
 			}
 			if h.MessageIDHeader == "" {
-				h.MessageIDHeader = outbox.DefaultMessageIDHeader
+				h.MessageIDHeader = wire.MessageIDHeader
 			}
 			c.run(t, h)
 		})
