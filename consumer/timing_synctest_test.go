@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -105,6 +106,53 @@ func TestHandleInPlaceBackoffDoublesAndCaps(t *testing.T) {
 		}
 		if _, err := c2.HandleInPlace(ctx, delivery(context.Background(), 2)); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != 50*time.Millisecond {
 			t.Fatalf("HandleInPlace = %v after %s; want ctx's error at 50ms", err, time.Since(start))
+		}
+	})
+}
+
+// batchTimes is a txStore recording when (fake clock) each batch reached
+// the store, and its size.
+type batchTimes struct {
+	txStore
+	mu    sync.Mutex
+	start time.Time
+	at    []time.Duration
+	sizes []int
+}
+
+func (b *batchTimes) ProcessBatch(ctx context.Context, msgs []*dedup.Message, h pgstore.Handler) ([]dedup.Result, error) {
+	b.mu.Lock()
+	b.at = append(b.at, time.Since(b.start))
+	b.sizes = append(b.sizes, len(msgs))
+	b.mu.Unlock()
+	return b.txStore.ProcessBatch(ctx, msgs, h)
+}
+
+func (b *batchTimes) batches() ([]time.Duration, []int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.at), slices.Clone(b.sizes)
+}
+
+// Batched mode on the fake clock: a lane gathers deliveries for at most
+// BatchWait after the first, and runs a full batch (BatchSize) at once.
+func TestBatchLaneWaitsBatchWaitOrBatchSize(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &batchTimes{start: time.Now()}
+		src := &revocableSource{feed: make(chan Delivery, 16)}
+		h := func(context.Context, pgx.Tx, *dedup.Message) error { return nil }
+		stop := runRevocable(t, Config{Store: st, Handler: h, BatchSize: 3, BatchWait: 50 * time.Millisecond,
+			CommitEvery: 1000, CommitInterval: time.Hour}, src)
+		defer stop()
+		src.feed <- delivery(context.Background(), 1) // alone: waits out BatchWait
+		time.Sleep(time.Second)
+		for off := range int64(3) { // three at once: a full batch, no wait
+			src.feed <- delivery(context.Background(), off+2)
+		}
+		synctest.Wait()
+		at, sizes := st.batches()
+		if !slices.Equal(at, []time.Duration{50 * time.Millisecond, time.Second}) || !slices.Equal(sizes, []int{1, 3}) {
+			t.Fatalf("batches at %v of sizes %v, want [50ms 1s] of [1 3]", at, sizes)
 		}
 	})
 }
