@@ -249,6 +249,9 @@ func (c *Consumer) report(msg *dedup.Message, res dedup.Result) {
 	if ro, ok := c.cfg.Metrics.(ReasonObserver); ok && res.Reason != "" {
 		ro.ObserveReason(c.cfg.Scope, res.Outcome, res.Reason)
 	}
+	if mo, ok := c.cfg.Metrics.(MessageObserver); ok {
+		mo.ObserveMessage(c.cfg.Scope, msg, res)
+	}
 	level := slog.LevelWarn
 	if res.Outcome == dedup.OutcomeProcessed || res.Outcome == dedup.OutcomeDuplicate {
 		level = slog.LevelDebug

@@ -88,7 +88,7 @@ func testS17Lease(t *testing.T, st adminStore) {
 		}
 		// The owner "dies" holding the lease (no heartbeat): its lease ends
 		// TTL after the claim, in the store's own time.
-		time.Sleep(opt.TTL + 500*time.Millisecond)
+		waitLeaseExpired(t, st, scope, id)
 	}
 
 	third, err := st.ProcessLeased(ctx, msg(t, scope, id, "", "big"), func(context.Context, *dedup.Message) error {
@@ -403,7 +403,7 @@ func TestS17LeaseCapClaimAnswerLost(t *testing.T) {
 		dead <- r
 	}()
 	<-started
-	time.Sleep(opt.TTL + 500*time.Millisecond) // its lease expires, in database time
+	waitLeaseExpired(t, st, scope, id) // its lease expires, in database time
 
 	p.DropReplyOnce(pgCommitAfter(sqlHas("set status = 'FAILED_FINAL', attempts = $2")))
 	r, err := st.ProcessLeased(e.ctx, msg(t, scope, id, "", "big"), func(context.Context, *dedup.Message) error {

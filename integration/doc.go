@@ -46,7 +46,12 @@
 // Postgres (TestStartMarkerCountsRunsThatDied); many copies at once
 // (TestConcurrentCopiesApplyOnce), real process kills mid-stream
 // (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
-// TestRocketMQTwoProcessesKillMidRun), generation-fenced Kafka commits: a
+// TestRocketMQTwoProcessesKillMidRun), RocketMQ progress across rebalances:
+// lag 0 after a graceful stop and redeliveries within the in-flight ones,
+// 1.2 deliveries per message at most through a backlog and two rebalances,
+// with the per-queue redelivery and duplicate metrics
+// (TestRocketMQRebalanceKeepsProgress,
+// TestRocketMQBacklogRebalanceDeliveries), generation-fenced Kafka commits: a
 // rebalance while a consumer holds fetched deliveries never moves a group
 // offset back, in every mode (TestKafkaGenerationFencedCommits), bad input
 // (TestKafkaBadInput), retries through the real %RETRY% topic, batched mode,

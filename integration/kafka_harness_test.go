@@ -226,15 +226,18 @@ func (r *running) stop(t testing.TB) {
 	}
 }
 
-// eventually polls cond every 50ms for up to d.
+// eventually polls cond every 50ms for up to d: the tests' one way of
+// waiting for something to happen (see also wait_test.go).
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %s waiting for %s", d, what)
 		}
-		time.Sleep(50 * time.Millisecond)
+		<-tick.C
 	}
 }
 

@@ -1,7 +1,7 @@
 // Package pgstore is the Postgres consumption-record store: it decides,
 // inside the handler's own Postgres transaction (pgx/v5), whether a delivery
 // is new, a duplicate or a conflict, and it records every outcome in a
-// consumption record. It implements dedup.Store (lease mode) and
+// consumption record. It implements pgstore.Store (lease mode) and
 // dedup.TxStore[pgx.Tx] (atomic and batched modes), and passes the
 // conformance suite in dedup/storetest. The identity, fingerprint, outcome and
 // error types it uses are package dedup's.
