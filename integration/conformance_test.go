@@ -12,8 +12,10 @@ import (
 	rocketmq "github.com/apache/rocketmq-client-go/v2"
 	rmqconsumer "github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/apache/rocketmq-client-go/v2/rlog"
 	"github.com/idemq/idemq/broker/kafkaadapter"
+	"github.com/idemq/idemq/broker/rocketmqadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/sourcetest"
 	"github.com/idemq/idemq/outbox"
@@ -24,8 +26,8 @@ import (
 )
 
 // The conformance suites on the real brokers: outbox/publishertest for both
-// publishers, consumer/sourcetest for the Kafka source. Each case gets its
-// own topic (and consumer group).
+// publishers, consumer/sourcetest for both pull-mode sources. Each case gets
+// its own topic (and consumer group).
 
 // kafkaTopicMaxBytes is the max.message.bytes of the publisher suite's Kafka
 // topics: small, so that the broker itself refuses Harness.Refuse's
@@ -214,6 +216,56 @@ func TestSourceConformanceKafka(t *testing.T) {
 					}
 				}
 				return out
+			},
+		}
+	})
+}
+
+// The RocketMQ pull-mode source. Its Harness has no Committed: reading a
+// group's offsets from the broker takes a client of the group, which would
+// join the group and take queues from the source under test, so the suite
+// checks committed positions through where the next source resumes.
+func TestSourceConformanceRocketMQ(t *testing.T) {
+	t.Parallel()
+	rlog.SetLogLevel("error")
+	ns := []string{rocketmqNamesrv(t)}
+	p, err := rocketmq.NewProducer(producer.WithNsResolver(primitive.NewPassthroughResolver(ns)),
+		producer.WithInstanceName(rocketmqadapter.InstanceName("srctest-producer")),
+		producer.WithQueueSelector(producer.NewHashQueueSelector()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Shutdown() })
+	sourcetest.Run(t, func(t *testing.T) sourcetest.Harness {
+		topic, group := obRocketTopic(t, ns), randomName("srctest_")
+		return sourcetest.Harness{
+			Produce: func(t testing.TB, msgs []sourcetest.Message) {
+				t.Helper()
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				for _, m := range msgs {
+					pm := primitive.NewMessage(topic, m.Value)
+					pm.WithProperty(wire.MessageIDHeader, m.ID)
+					pm.WithKeys([]string{string(m.Key)})
+					pm.WithShardingKey(string(m.Key))
+					res, err := p.SendSync(ctx, pm)
+					if err != nil || res.Status != primitive.SendOK {
+						t.Fatalf("send %s: %v %v", m.ID, res, err)
+					}
+				}
+			},
+			NewSource: func(t testing.TB) consumer.Source {
+				t.Helper()
+				src, err := rocketmqadapter.NewSource(rocketmqadapter.SourceConfig{NameServers: ns, Group: group, Topic: topic,
+					InstanceName:  rocketmqadapter.InstanceName("srctest"),
+					ClientOptions: []rmqconsumer.Option{rmqconsumer.WithConsumeFromWhere(rmqconsumer.ConsumeFromFirstOffset)}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return src
 			},
 		}
 	})

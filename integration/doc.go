@@ -67,7 +67,8 @@
 //
 // Conformance suites on the real brokers: outbox/publishertest for both
 // publishers (TestPublisherConformanceKafka, TestPublisherConformanceRocketMQ)
-// and consumer/sourcetest for the Kafka source (TestSourceConformanceKafka).
+// and consumer/sourcetest for both pull-mode sources (TestSourceConformanceKafka,
+// TestSourceConformanceRocketMQ).
 //
 // Optional dependencies fail fast: Redis stopped for 10 s in the middle of
 // 5,000 messages leaves effects exactly once while the fast path's circuit

@@ -1,7 +1,7 @@
 // Package sourcetest is a conformance suite for pull-mode sources
-// (consumer.Source: Fetch, Commit, Close): broker/kafkaadapter.Source runs it
-// against a real Kafka, and any other Source (a RocketMQ pull consumer, a
-// third-party broker) can run it the same way.
+// (consumer.Source: Fetch, Commit, Close): broker/kafkaadapter.Source and
+// broker/rocketmqadapter.Source run it against real brokers, and any other
+// Source can run it the same way.
 //
 // Run checks what consumer.Consumer.Run relies on:
 //
