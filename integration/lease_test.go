@@ -32,7 +32,7 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 			l.IdempotencyKey(), l.Fence, owner)
 		return err
 	}
-	opt := dedup.LeaseOptions{TTL: 4 * time.Second, Heartbeat: -1}
+	opt := dedup.LeaseOptions{TTL: 4 * time.Second, DisableHeartbeat: true}
 	var aFence int64
 	type outcome struct {
 		res dedup.Result
@@ -149,7 +149,7 @@ func TestLeaseHeartbeatAndFailure(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			return errors.New("handler context never canceled")
 		}
-	}, dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1})
+	}, dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true})
 	if err != nil || !errors.Is(cause, dedup.ErrLeaseExpired) || time.Since(start) > 3*time.Second || res.Outcome != dedup.OutcomeRetry {
 		t.Fatalf("unrenewed lease: %+v %v, cause %v after %s; want the handler stopped with ErrLeaseExpired", res, err, cause, time.Since(start))
 	}
@@ -205,7 +205,7 @@ func TestS14ClockSkewUsesDatabaseTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opt := dedup.LeaseOptions{TTL: 3 * time.Second, Heartbeat: -1}
+	opt := dedup.LeaseOptions{TTL: 3 * time.Second, DisableHeartbeat: true}
 	claimed, release := make(chan struct{}), make(chan struct{})
 	done := make(chan dedup.Result, 1)
 	go func() {

@@ -278,7 +278,7 @@ func TestRedisStoreLeaseTakeoverFencesStaleOwner(t *testing.T) {
 	s := newRedisStore(t, nil)
 	fx := newEffects()
 	ctx := context.Background()
-	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1}
+	opt := dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true}
 	type outcome struct {
 		res   dedup.Result
 		err   error
@@ -373,7 +373,7 @@ func TestRedisStoreOwnerThatNeverReturnsIsBounded(t *testing.T) {
 	t.Parallel()
 	s := newRedisStore(t, func(c *redisstore.Config) { c.MaxAttempts = 2 })
 	ctx := context.Background()
-	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1}
+	opt := dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true}
 	release := make(chan struct{})
 	defer close(release)
 	var running sync.WaitGroup
@@ -580,7 +580,7 @@ func TestRedisStoreRejectUsesBusinessKeyAndDeadOwners(t *testing.T) {
 			close(claimed)
 			<-release // dead: does not return while the test runs
 			return nil
-		}, dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1})
+		}, dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true})
 	}()
 	<-claimed
 	if r, _ := s.Reject(ctx, msg(t, "billing", "m-5", "", "x"), dedup.ReasonBadInput, nil); r.Outcome != dedup.OutcomeRetry {
@@ -665,7 +665,7 @@ func TestRedisStoreCompletionFailureIsNotAcked(t *testing.T) {
 	c.AddHook(hook)
 	s := newRedisStore(t, func(cfg *redisstore.Config) { cfg.Client = c })
 	ctx := context.Background()
-	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1}
+	opt := dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true}
 	_, err := s.ProcessLeased(ctx, msg(t, "billing", "m-1", "", "x"), func(context.Context, *dedup.Message) error {
 		hook.armed.Store(true)
 		return nil
