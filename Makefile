@@ -41,9 +41,9 @@ demo: services-up ## run the demos on real brokers: Kafka and RocketMQ redeliver
 test: services-up test-unit test-integration test-postgres-oldest ## unit + integration tests with -race on real services, then again on the oldest Postgres (what CI runs)
 
 .PHONY: test-unit
-test-unit: ## unit tests and examples, no services needed
+test-unit: ## unit tests and examples; the SQL package tests (dedup/pgstore) use the running Postgres (`make services-up` first; `make test` does)
 	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
+	$(ENV); $(GO) test -race -count=1 ./...
 
 .PHONY: test-integration
 test-integration: ## integration tests against the running services (fail, never skip, when CI=true)
