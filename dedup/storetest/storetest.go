@@ -86,8 +86,9 @@ const scope = "storetest"
 //     conflicting copy and a failing message gets the per-message outcomes
 //     in order.
 //
-// Run must be called from a test, not from a subtest that already called
-// t.Parallel in a way that forbids further parallel subtests.
+// Every case runs as a parallel subtest (t.Parallel) on its own store; a
+// case needs at most a few seconds (HeartbeatKeepsLease about 2.5 s of
+// real time, the others wait on conditions only).
 func Run(t *testing.T, f Features, newStore func(t *testing.T) Harness) {
 	t.Helper()
 	cases := []struct {
