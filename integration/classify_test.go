@@ -695,7 +695,7 @@ func TestCommitReplyLost(t *testing.T) {
 		}
 	})
 
-	leaseOpt := dedup.LeaseOptions{TTL: 30 * time.Second, Heartbeat: -1}
+	leaseOpt := dedup.LeaseOptions{TTL: 30 * time.Second, DisableHeartbeat: true}
 	leaseInsert := func(e *env, tbl string, calls *atomic.Int32) dedup.LeaseHandler {
 		return func(ctx context.Context, m *dedup.Message) error {
 			calls.Add(1)
@@ -737,7 +737,7 @@ func TestCommitReplyLost(t *testing.T) {
 			live.Store(e.count(`select count(*) from `+e.table("consumption_records")+
 				` where message_id = 'm-1' and status = 'PROCESSING' and lease_until > now()`) == 1)
 			return leaseInsert(e, tbl, &calls)(ctx, m)
-		}, dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1})
+		}, dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true})
 		if err != nil || res.Outcome != dedup.OutcomeProcessed || res.Attempts != 1 || calls.Load() != 1 {
 			t.Fatalf("%+v, %v, %d calls; want processed at attempt 1", res, err, calls.Load())
 		}
@@ -748,7 +748,7 @@ func TestCommitReplyLost(t *testing.T) {
 
 	t.Run("lease claim without retries", func(t *testing.T) {
 		t.Parallel()
-		e, proxy, st, tbl, _ := newEnv(t, func(c *pgstore.Config) { c.OutcomeUnknownRetry = pgstore.RetryPolicy{Attempts: -1} })
+		e, proxy, st, tbl, _ := newEnv(t, func(c *pgstore.Config) { c.OutcomeUnknownRetry = pgstore.RetryPolicy{Disable: true} })
 		var calls atomic.Int32
 		proxy.DropReplyOnce(pgCommitAfter(pgLeaseClaim))
 		res, err := st.ProcessLeased(e.ctx, msg(t, "orders", "m-1", "", "one"), leaseInsert(e, tbl, &calls), leaseOpt)

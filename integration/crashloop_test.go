@@ -58,7 +58,7 @@ func TestS17LeaseOwnersThatDieAreBounded(t *testing.T) {
 func testS17Lease(t *testing.T, st adminStore) {
 	ctx := context.Background()
 	const scope, id = "ingest", "ingest/big-77"
-	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1}
+	opt := dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true}
 	// Dead owners never return while the test runs; they are released (and
 	// fenced) at its end, before the store's tables go away.
 	release := make(chan struct{})
@@ -390,7 +390,7 @@ func TestS17LeaseCapClaimAnswerLost(t *testing.T) {
 	e := setup(t, nil)
 	st, p := proxiedLeaseStore(t, e, func(c *pgstore.Config) { c.MaxAttempts = 1 })
 	const scope, id = "ingest", "ingest/big-78"
-	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1} // no heartbeat statements on the wire
+	opt := dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true} // no heartbeat statements on the wire
 	release := make(chan struct{})
 	dead := make(chan dedup.Result, 1)
 	started := make(chan struct{})

@@ -43,8 +43,7 @@
 //
 // Beside them: the cost of start markers counted statement by statement
 // (TestCrashLoopMarkersCostNothingOnFirstDeliveries) and their rules on
-// Postgres (TestStartMarkerCountsRunsThatDied); many copies at once
-// (TestConcurrentCopiesApplyOnce), real process kills mid-stream
+// Postgres (TestStartMarkerCountsRunsThatDied); real process kills mid-stream
 // (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
 // TestRocketMQTwoProcessesKillMidRun), RocketMQ progress across rebalances:
 // lag 0 after a graceful stop and redeliveries within the in-flight ones,
@@ -89,17 +88,32 @@
 // (TestTransientFailureCountsNoAttempt), and the handler's isolation level
 // with a real serializable write skew (TestHandlerIsolationLevel).
 //
-// The Redis-only store (dedup/redisstore) has its own set: 20 copies at once
-// (TestRedisStoreConcurrentCopiesApplyOnce); duplicates and conflicts by
-// message ID and business key; retries, permanent errors and dead letters;
-// S13 on Redis (TestRedisStoreLeaseTakeoverFencesStaleOwner); S11's claim
-// that must outlive a long handler, kept by the watchdog
-// (TestRedisStoreWatchdogKeepsLongHandler); owners that die holding the
-// lease, bounded by MaxAttempts; shutdown and Redis down; a Kafka consumer
-// with a full replay (TestRedisStoreKafkaConsumerAppliesOnce); and every
-// script path on a Redis Cluster node started by the test, which refuses
-// keys of different slots (TestRedisStoreOnRedisCluster). A TCP proxy
-// written for the tests (faultProxy) loses one reply of a real Redis or
-// Postgres and closes the connection, for S18 and for the fast path's
-// Remember (TestRedisFastPathRememberReplyLost).
+// # Store conformance
+//
+// Every store runs the conformance suite of dedup/storetest on the real
+// services: the Postgres store in atomic, batched and lease modes
+// (TestStoreConformancePostgresAtomic, TestStoreConformancePostgresBatched,
+// TestStoreConformancePostgresLease) and the Redis-only store
+// (TestStoreConformanceRedis); the in-memory store runs it in its own
+// package. Its cases: claim and success, duplicates by message ID and by
+// business key, conflicts, retries, final failures and dead letters,
+// re-drive, lease takeover and fencing, renewals that find a takeover,
+// heartbeats, the idempotency key across a re-send, bad input, interrupted
+// handlers, crash loops, 20 copies at once (…/ConcurrentCopies) and
+// retention purge.
+//
+// What stays here is particular to one store. Postgres: S04, S10, S13 and
+// S14 above, commits refused at COMMIT (TestCommitRefusedIsAHandlerFailure).
+// The Redis-only store: Redis unreachable (TestRedisStoreRedisDown), a
+// completion whose Redis call fails (TestRedisStoreCompletionFailureIsNotAcked),
+// fingerprint key rotation inside the scripts
+// (TestRedisStoreFingerprintKeyRotation), a business-key index that outlived
+// its record (TestRedisStoreStaleBusinessKeyIndex), a Kafka consumer with a
+// full replay (TestRedisStoreKafkaConsumerAppliesOnce), RocketMQ's %RETRY%
+// topic (TestRedisStoreRocketMQRetryTopicAndResend), and every script path
+// on a Redis Cluster node started by the test, which refuses keys of
+// different slots (TestRedisStoreOnRedisCluster). A TCP proxy written for
+// the tests (faultProxy) loses one reply of a real Redis or Postgres and
+// closes the connection, for S18 and for the fast path's Remember
+// (TestRedisFastPathRememberReplyLost).
 package integration

@@ -194,7 +194,7 @@ func TestRedisScriptRepliesLost(t *testing.T) {
 		t.Parallel()
 		s, p := proxiedRedisStore(t, func(c *redisstore.Config) { c.MaxAttempts = 1 })
 		ctx := context.Background()
-		opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1}
+		opt := dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true}
 		release := make(chan struct{})
 		defer close(release)
 		running := make(chan struct{})
@@ -490,7 +490,7 @@ var (
 func TestLeaseCallAnswersLost(t *testing.T) {
 	t.Parallel()
 	ok := func(context.Context, *dedup.Message) error { return nil }
-	opt := dedup.LeaseOptions{TTL: 5 * time.Second, Heartbeat: -1} // no heartbeat statements on the wire
+	opt := dedup.LeaseOptions{TTL: 5 * time.Second, DisableHeartbeat: true} // no heartbeat statements on the wire
 
 	// S18 on Postgres: MaxAttempts 1, the claim's COMMIT answer lost. The
 	// resent claim finds its own lease: the handler runs once, SUCCEEDED,

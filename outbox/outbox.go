@@ -130,7 +130,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Outbox, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Outbox{pool: pool, cfg: cfg, q: newQueries(cfg)}, nil
+	q, err := newQueries(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Outbox{pool: pool, cfg: cfg, q: q}, nil
 }
 
 // Config returns the outbox configuration with defaults applied.

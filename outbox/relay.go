@@ -114,7 +114,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer r.running.Store(false)
-	if _, err := r.ob.pool.Exec(ctx, `select 1 from `+r.ob.q.table+` limit 0`); err != nil {
+	if _, err := r.ob.pool.Exec(ctx, r.ob.q.probeSQL); err != nil {
 		return fmt.Errorf("idemq/outbox: relay: outbox table %s: %w", r.ob.q.table, err)
 	}
 

@@ -191,5 +191,7 @@
 // Tables live in a configurable schema (default "idemq") under configurable
 // names, always quoted with pgx.Identifier. [Store.Migrate] applies the
 // embedded, numbered SQL migrations under a Postgres advisory lock, so many
-// processes may call it at start.
+// processes may call it at start. The statements the store runs are named
+// queries in embedded files (sql/*.sql, one "-- name:" block each), filled
+// with the store's quoted table names once, by [New].
 package pgstore
