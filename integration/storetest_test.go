@@ -45,10 +45,8 @@ func pgHarness(t *testing.T, mode func(*pgstore.Store) storetest.Mode) storetest
 	}
 }
 
-// pgFeatures: the Postgres store's Reject finalizes a record under a live
-// lease (the Redis-only store waits for the lease): see
-// storetest.Features.RejectIgnoresLiveLease.
-var pgFeatures = storetest.Features{RejectIgnoresLiveLease: true}
+// pgFeatures: the Postgres store can do everything the suite asks.
+var pgFeatures = storetest.Features{}
 
 func TestStoreConformancePostgresAtomic(t *testing.T) {
 	t.Parallel()

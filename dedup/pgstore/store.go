@@ -486,12 +486,20 @@ func (s *Store) markFailedIn(ctx context.Context, tx pgx.Tx, f failure) (dedup.R
 	}
 	res.Attempts = 1
 	if rowID == 0 {
-		rec, err := s.q.lock(ctx, tx, msg.Identity)
+		rec, live, err := s.q.lockLease(ctx, tx, msg.Identity)
 		if err != nil {
 			return dedup.Result{}, err
 		}
 		if rec == nil {
 			return dedup.Result{}, fmt.Errorf("idemq: mark failed %s: record vanished", msg.Identity)
+		}
+		if rec.status == dedup.StatusProcessing && live {
+			// A lease-mode owner is running this record now: marking it
+			// would fence the owner after its side effect. The copy is
+			// not acked and finds the owner's outcome when redelivered,
+			// as in the Redis-only store.
+			return dedup.Result{Outcome: dedup.OutcomeRetry, Err: dedup.ErrLeaseHeld, Status: rec.status, Attempts: rec.attempts,
+				MatchedBy: rec.matchedBy(msg.Identity), HandlerCalled: res.HandlerCalled}, nil
 		}
 		if rec.status == dedup.StatusSucceeded || rec.status == dedup.StatusFailedFinal {
 			// Another copy finished meanwhile: this delivery is a duplicate.

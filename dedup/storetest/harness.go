@@ -156,10 +156,4 @@ type Features struct {
 	NoPurge bool
 	// NoRedrive: the store has no operator re-drive; skips Redrive.
 	NoRedrive bool
-	// RejectIgnoresLiveLease: the store's Reject finalizes a record even
-	// while another owner holds a live lease on it, where the Redis-only
-	// and in-memory stores answer OutcomeRetry until the lease expired.
-	// Skips that part of RejectBadInput. dedup/pgstore sets it: a known
-	// divergence between the stores, to be settled in the store contract.
-	RejectIgnoresLiveLease bool
 }

@@ -66,7 +66,7 @@ const scope = "storetest"
 //     business key makes another payload a conflict; rejecting a re-send of
 //     a SUCCEEDED message is a duplicate by business key; in lease mode a
 //     record held by a live lease is not rejected (retry) until the lease
-//     expired (unless Features.RejectIgnoresLiveLease).
+//     expired.
 //   - InterruptedHandler: a handler interrupted by a shutdown (its ctx
 //     canceled) is not acked and its attempt is not counted (lease mode
 //     gives the lease back; atomic modes roll the claim back); the next copy
@@ -982,10 +982,7 @@ func testReject(t *testing.T, f Features, h Harness) {
 		t.Fatal("no dead letter")
 	}
 	checkDeadLetter(t, dl[0], garbage, dedup.ReasonBadInput)
-	if !h.Mode.Lease || f.RejectIgnoresLiveLease {
-		if f.RejectIgnoresLiveLease {
-			t.Log("feature RejectIgnoresLiveLease: the live-lease part is skipped")
-		}
+	if !h.Mode.Lease {
 		return
 	}
 	// An owner holds m-5's live lease: not rejected until it expired.
