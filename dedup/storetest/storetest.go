@@ -947,7 +947,7 @@ func testIdempotencyKeyAcrossResend(t *testing.T, _ Features, h Harness) {
 	}
 }
 
-func testReject(t *testing.T, f Features, h Harness) {
+func testReject(t *testing.T, _ Features, h Harness) {
 	ctx := ctxOf(t)
 	reject := func(m *dedup.Message) dedup.Result {
 		t.Helper()
