@@ -61,9 +61,11 @@ test-integration: ## integration tests against the running services (fail, never
 # (no Postgres in them) and the two table-scan tests, which read statistics through
 # pg_stat_force_next_flush(), a Postgres 15 function.
 .PHONY: test-postgres-oldest
-test-postgres-oldest: ## integration tests on PostgreSQL 13, the oldest supported (scripts/postgres-oldest.sh)
+test-postgres-oldest: ## the store's SQL package tests and the integration tests on PostgreSQL 13, the oldest supported (scripts/postgres-oldest.sh)
 	mkdir -p .cache
 	bash scripts/postgres-oldest.sh up
+	$(ENV); eval "$$(bash scripts/postgres-oldest.sh env)"; export CI=true; \
+	  $(GO) test -race -count=1 -skip 'NoTableScan' ./dedup/pgstore/ ./outbox/
 	$(ENV); eval "$$(bash scripts/postgres-oldest.sh env)"; export TEST_REQUIRE_BROKERS=1; cd integration && \
 	  rc=0; $(GO) tool gotestsum --format testname --format-hide-empty-pkg \
 	    --jsonfile ../.cache/integration-postgres-oldest.json -- -race -count=1 -timeout 30m \

@@ -17,22 +17,25 @@
 // # Failures from the field
 //
 // Each of these failures, seen by teams running Kafka, RocketMQ, outboxes or
-// idempotency keys, is reproduced with the values it was reported with:
+// idempotency keys, is reproduced with the values it was reported with. The
+// scenarios that need Postgres only (S04, S10, S13, S14) are package tests
+// of dedup/pgstore, marked "pgstore:" below; `go test ./dedup/pgstore/` runs
+// them with TEST_POSTGRES_DSN set:
 //
 //	S01 stale copy after a rebalance: no handler call, no commit below the committed offset  TestS01StaleMessageAfterRebalance
 //	S02 offset ahead of processing; commit call fails after the DB commit                     TestS02OffsetNeverAheadOfProcessing
 //	S03 processed but not committed at handoff; commits flushed on close                      TestS03ProcessedButNotCommittedAtHandoff
-//	S04 zombie consumer holding its transaction while a copy arrives                          TestS04ZombieConsumer
+//	S04 zombie consumer holding its transaction while a copy arrives                          pgstore: TestS04ZombieConsumer
 //	S05 producer retry at a new offset: business-key duplicate, conflict, empty keys          TestS05ProducerRetryAtNewOffset
 //	S06 RocketMQ resend while the first attempt runs (and after it failed)                    TestRocketMQS06ResendWhileFirstAttemptRuns, TestRocketMQS06FirstAttemptFailsCopyProcesses
 //	S07 RocketMQ per-copy storage IDs: UNIQ_KEY, never OffsetMsgId                            TestRocketMQS07PerCopyStorageIDs
 //	S08 RocketMQ poison message, stray copy, operator re-drive                               TestRocketMQS08PoisonMessage, TestRocketMQPoisonThroughRetryTopic
 //	S09 crash after commit, before ack (real SIGKILL), with Redis kept or flushed              TestS09KafkaCrashAfterCommitBeforeAck, TestRocketMQS09KillAfterCommitBeforeAck
-//	S10 unique violation inside the transaction (redelivery, own table, wrapped)              TestS10UniqueViolations
+//	S10 unique violation inside the transaction (redelivery, own table, wrapped)              pgstore: TestS10UniqueViolations
 //	S11 fast-path miss falls through to Postgres; Redis down                                 TestS11FastPathMissFallsThroughToPostgres
 //	S12 stale claim marker in Redis is not trusted                                          TestS12StaleRedisMarkerNotTrusted
-//	S13 lease lost while the owner still works: fencing                                      TestS13LeaseLostWhileOwnerWorks
-//	S14 clock skew: leases and retention in database time                                   TestS14ClockSkewUsesDatabaseTime
+//	S13 lease lost while the owner still works: fencing                                      pgstore: TestS13LeaseLostWhileOwnerWorks
+//	S14 clock skew: leases and retention in database time                                   pgstore: TestS14ClockSkewUsesDatabaseTime
 //	S15 a duplicate input publishes nothing new                                             TestOutboxS15DuplicateInputPublishesNothingNew
 //	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
 //	S17 a message that kills its consumer: lease owners that die; atomic and batched          TestS17LeaseOwnersThatDieAreBounded, TestS17CrashLoopKafka, TestS17CrashLoopRocketMQ
@@ -43,7 +46,7 @@
 //
 // Beside them: the cost of start markers counted statement by statement
 // (TestCrashLoopMarkersCostNothingOnFirstDeliveries) and their rules on
-// Postgres (TestStartMarkerCountsRunsThatDied); real process kills mid-stream
+// Postgres (pgstore: TestStartMarkerCountsRunsThatDied); real process kills mid-stream
 // (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
 // TestRocketMQTwoProcessesKillMidRun), RocketMQ progress across rebalances:
 // lag 0 after a graceful stop and redeliveries within the in-flight ones,
@@ -81,12 +84,23 @@
 // (TestRedisStoreRenewalFailsByTheLeaseClock).
 //
 // Failure classes: a COMMIT terminated by the server (57P01) in every
-// Postgres mode (TestOutcomeUnknownAtCommit,
-// TestKafkaOutcomeUnknownAtCommitRedelivered), a COMMIT that landed but whose
-// reply a TCP proxy lost (TestCommitReplyLost), serialization failures and
-// deadlocks retried without using an attempt
-// (TestTransientFailureCountsNoAttempt), and the handler's isolation level
-// with a real serializable write skew (TestHandlerIsolationLevel).
+// Postgres mode (pgstore: TestOutcomeUnknownAtCommit; through the Kafka
+// runtime: TestKafkaOutcomeUnknownAtCommitRedelivered), a COMMIT that landed
+// but whose reply a TCP proxy lost (TestCommitReplyLost), serialization
+// failures and deadlocks retried without using an attempt (pgstore:
+// TestTransientFailureCountsNoAttempt), and the handler's isolation level
+// with a real serializable write skew (pgstore: TestHandlerIsolationLevel).
+//
+// # Postgres-only tests live in dedup/pgstore
+//
+// A test that needs Postgres and nothing else (no broker, no Redis, no child
+// process, no consumer runtime) is a package test of dedup/pgstore, so that
+// `go test ./...` with TEST_POSTGRES_DSN set runs it without this module:
+// the scenarios marked "pgstore:" above, batched mode's savepoints and order
+// (TestProcessBatchSavepointsAndOrder), commits refused at COMMIT
+// (TestCommitRefusedIsAHandlerFailure) and no table scan on 200,000 records
+// under generic plans (TestNoTableScanOnLargeRecordTable). `make
+// test-postgres-oldest` runs them on PostgreSQL 13 too.
 //
 // # Store conformance
 //
@@ -102,9 +116,8 @@
 // handlers, crash loops, 20 copies at once (…/ConcurrentCopies) and
 // retention purge.
 //
-// What stays here is particular to one store. Postgres: S04, S10, S13 and
-// S14 above, commits refused at COMMIT (TestCommitRefusedIsAHandlerFailure).
-// The Redis-only store: Redis unreachable (TestRedisStoreRedisDown), a
+// What stays here is particular to one store. Postgres: its own package
+// tests (above). The Redis-only store: Redis unreachable (TestRedisStoreRedisDown), a
 // completion whose Redis call fails (TestRedisStoreCompletionFailureIsNotAcked),
 // fingerprint key rotation inside the scripts
 // (TestRedisStoreFingerprintKeyRotation), a business-key index that outlived

@@ -86,16 +86,7 @@ type dbBundle struct {
 // test parallel. Without TEST_POSTGRES_DSN it skips, or fails under CI=true.
 func setup(t *testing.T) *dbBundle {
 	t.Helper()
-	if dbStore == nil {
-		switch {
-		case dbSetupErr != nil:
-			t.Fatalf("TEST_POSTGRES_DSN is set, but the test schema could not be prepared: %v", dbSetupErr)
-		case os.Getenv("CI") == "true":
-			t.Fatal(startPostgres + " (CI=true: the SQL tests must run, not skip)")
-		default:
-			t.Skip(startPostgres)
-		}
-	}
+	needDB(t)
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
@@ -105,6 +96,23 @@ func setup(t *testing.T) *dbBundle {
 	}
 	t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
 	return &dbBundle{ctx: ctx, tx: tx, q: &dbStore.q, s: dbStore, scope: "t_" + randomHex(6)}
+}
+
+// needDB skips the test without TEST_POSTGRES_DSN (fails it under CI=true,
+// or when the schema could not be prepared).
+func needDB(t *testing.T) {
+	t.Helper()
+	if dbStore != nil {
+		return
+	}
+	switch {
+	case dbSetupErr != nil:
+		t.Fatalf("TEST_POSTGRES_DSN is set, but the test schema could not be prepared: %v", dbSetupErr)
+	case os.Getenv("CI") == "true":
+		t.Fatal(startPostgres + " (CI=true: the SQL tests must run, not skip)")
+	default:
+		t.Skip(startPostgres)
+	}
 }
 
 // msg is a delivery of this test's scope.

@@ -1,4 +1,8 @@
-package integration
+package pgstore
+
+// Store-level tests of lease mode on Postgres: S13 (fencing) and S14 (clock
+// skew). Moved here from the integration module; the harness is in
+// env_test.go.
 
 import (
 	"context"
@@ -7,7 +11,6 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -17,8 +20,7 @@ import (
 // not acked. (The scenario's 2 s / 5 s / 3 s, with margins for a loaded
 // machine.)
 func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
-	t.Parallel()
-	e := setup(t, nil)
+	e := newEnv(t, nil)
 	provider := e.table("provider_charges")
 	e.exec(`create table ` + provider + ` (idempotency_key text primary key, fence bigint not null, owner text not null)`)
 	// charge is the downstream side effect: the provider dedups on the key.
@@ -40,7 +42,7 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 	aDone := make(chan outcome, 1)
 	claimed := make(chan struct{})
 	go func() {
-		res, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(ctx context.Context, _ *dedup.Message) error {
+		res, err := e.store.ProcessLeased(e.ctx, e.msg("m-13", "charge-13", "x"), func(ctx context.Context, _ *dedup.Message) error {
 			l, _ := dedup.LeaseFromContext(ctx)
 			aFence = l.Fence
 			close(claimed)
@@ -54,7 +56,7 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 	}()
 	<-claimed
 	var leaseLeft float64
-	if err := e.pool.QueryRow(e.ctx, `select extract(epoch from lease_until - now()) from `+e.table("consumption_records")+` where message_id = 'm-13'`).Scan(&leaseLeft); err != nil {
+	if err := e.pool.QueryRow(e.ctx, `select extract(epoch from lease_until - now()) from `+e.records()+` where scope = $1 and message_id = 'm-13'`, e.scope).Scan(&leaseLeft); err != nil {
 		t.Fatal(err)
 	}
 	if leaseLeft <= 0 || leaseLeft > 4.01 {
@@ -62,7 +64,7 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 	}
 
 	time.Sleep(time.Second)
-	early, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(context.Context, *dedup.Message) error {
+	early, err := e.store.ProcessLeased(e.ctx, e.msg("m-13", "charge-13", "x"), func(context.Context, *dedup.Message) error {
 		t.Error("handler ran while the lease was live")
 		return nil
 	}, opt)
@@ -72,7 +74,7 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 
 	time.Sleep(5 * time.Second) // 6 s: A's lease has expired, A still stalls
 	var bFence int64
-	b, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(ctx context.Context, _ *dedup.Message) error {
+	b, err := e.store.ProcessLeased(e.ctx, e.msg("m-13", "charge-13", "x"), func(ctx context.Context, _ *dedup.Message) error {
 		l, _ := dedup.LeaseFromContext(ctx)
 		bFence = l.Fence
 		return charge(ctx, "B")
@@ -84,7 +86,7 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 	if a.err != nil || a.res.Outcome != dedup.OutcomeFenced || !errors.Is(a.res.Err, dedup.ErrFenced) || a.res.Outcome.Acked() {
 		t.Fatalf("A: %+v %v, want fenced and not acked", a.res, a.err)
 	}
-	r := e.record("billing", "m-13")
+	r := e.record("m-13")
 	if aFence < 1 || bFence != aFence+1 || r.Fence != bFence || r.Status != dedup.StatusSucceeded || r.Attempts != 2 {
 		t.Fatalf("record = %+v, A's fence %d, B's %d: want SUCCEEDED, attempts 2, fence grown by 1", r, aFence, bFence)
 	}
@@ -92,7 +94,7 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 		t.Fatalf("downstream effects = %d, want 1 (keyed by the identity)", n)
 	}
 	// A redelivery after completion is a plain duplicate.
-	again, err := e.store.ProcessLeased(e.ctx, msg(t, "billing", "m-13", "charge-13", "x"), func(context.Context, *dedup.Message) error {
+	again, err := e.store.ProcessLeased(e.ctx, e.msg("m-13", "charge-13", "x"), func(context.Context, *dedup.Message) error {
 		t.Error("handler ran for a completed record")
 		return nil
 	}, opt)
@@ -106,35 +108,20 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 // the application uses), for a pool of its own. Lease expiry and retention
 // must follow database time: no early takeover, no early purge.
 func TestS14ClockSkewUsesDatabaseTime(t *testing.T) {
-	t.Parallel()
-	base := setup(t, nil)
-	skew := randomName("skew_")
-	base.exec(`create schema ` + skew)
+	base := newOwnSchemaEnv(t, nil) // it purges
+	skew := base.biz
 	base.exec(`create function ` + skew + `.now() returns timestamptz language sql stable as $$ select pg_catalog.now() - interval '10 minutes' $$`)
-	t.Cleanup(func() { base.exec(`drop schema ` + skew + ` cascade`) })
-	cfg, err := pgxpool.ParseConfig(postgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = skew + ", pg_catalog"
-	pool, err := pgxpool.NewWithConfig(base.ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := base.newPool(func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["search_path"] = skew + ", pg_catalog" })
 	var dbAhead float64
 	if err := pool.QueryRow(base.ctx, `select extract(epoch from now() - clock_timestamp())`).Scan(&dbAhead); err != nil || dbAhead > -590 {
 		t.Fatalf("shadowed now() is %.0fs from the real clock (%v), want about -600", dbAhead, err)
 	}
-	st, err := pgstore.New(pool, pgstore.Config{Schema: base.schema, Fingerprinter: testFingerprinter(t), SucceededRetention: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := base.newStore(pool, func(c *Config) { c.SucceededRetention = time.Minute })
 	opt := dedup.LeaseOptions{TTL: 3 * time.Second, DisableHeartbeat: true}
 	claimed, release := make(chan struct{}), make(chan struct{})
 	done := make(chan dedup.Result, 1)
 	go func() {
-		res, _ := st.ProcessLeased(base.ctx, msg(t, "skew", "m-14", "", "x"), func(context.Context, *dedup.Message) error {
+		res, _ := st.ProcessLeased(base.ctx, base.msg("m-14", "", "x"), func(context.Context, *dedup.Message) error {
 			close(claimed)
 			<-release
 			return nil
@@ -143,7 +130,7 @@ func TestS14ClockSkewUsesDatabaseTime(t *testing.T) {
 	}()
 	<-claimed
 	time.Sleep(500 * time.Millisecond)
-	copyRes, err := st.ProcessLeased(base.ctx, msg(t, "skew", "m-14", "", "x"), func(context.Context, *dedup.Message) error {
+	copyRes, err := st.ProcessLeased(base.ctx, base.msg("m-14", "", "x"), func(context.Context, *dedup.Message) error {
 		return errors.New("early takeover")
 	}, opt)
 	close(release)
@@ -156,13 +143,13 @@ func TestS14ClockSkewUsesDatabaseTime(t *testing.T) {
 	// Retention: the record expires 1 minute after its completion in
 	// database time; a purge now must not take it.
 	var left float64
-	if err := pool.QueryRow(base.ctx, `select extract(epoch from expires_at - now()) from `+base.table("consumption_records")+` where message_id = 'm-14'`).Scan(&left); err != nil || left < 50 || left > 61 {
+	if err := pool.QueryRow(base.ctx, `select extract(epoch from expires_at - now()) from `+base.records()+` where message_id = 'm-14'`).Scan(&left); err != nil || left < 50 || left > 61 {
 		t.Fatalf("expires_at - database now() = %.1fs (%v), want about 60", left, err)
 	}
 	if n, err := st.Purge(base.ctx, 10); err != nil || n != 0 {
 		t.Fatalf("purge right after completion removed %d (%v), want 0", n, err)
 	}
-	if _, err := st.Lookup(base.ctx, "skew", "m-14"); err != nil {
+	if _, err := st.Lookup(base.ctx, base.scope, "m-14"); err != nil {
 		t.Fatalf("record purged early: %v", err)
 	}
 }
