@@ -1,13 +1,14 @@
 package consumer
 
 import (
-	"strings"
-
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
@@ -85,26 +86,29 @@ func TestCommitterRetriesFailedCommit(t *testing.T) {
 }
 
 func TestCommitterFlushesOnCountAndClose(t *testing.T) {
-	src := &fakeSource{}
-	c := newCommitter(src, 2, time.Hour, slog.Default())
-	done := make(chan struct{})
-	go func() { defer close(done); c.loop() }()
-	c.done(Delivery{Lane: "t/0", Offset: 1})
-	c.done(Delivery{Lane: "t/0", Offset: 2}) // reaches CommitEvery: kicks a flush
-	deadline := time.Now().Add(5 * time.Second)
-	for len(src.committed()["t/0"]) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no flush after CommitEvery deliveries")
+	synctest.Test(t, func(t *testing.T) {
+		src := &fakeSource{}
+		c := newCommitter(src, 2, time.Hour, slog.Default())
+		done := make(chan struct{})
+		go func() { defer close(done); c.loop() }()
+		c.done(Delivery{Lane: "t/0", Offset: 1})
+		synctest.Wait()
+		if got := src.committed(); len(got) != 0 {
+			t.Fatalf("commits %v before CommitEvery deliveries", got)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	c.done(Delivery{Lane: "t/0", Offset: 3})
-	c.close()
-	<-done
-	got := src.committed()["t/0"]
-	if got[len(got)-1] != 3 {
-		t.Fatalf("close did not flush: %v", got)
-	}
+		c.done(Delivery{Lane: "t/0", Offset: 2}) // reaches CommitEvery: kicks a flush
+		synctest.Wait()                          // no time passes: the kick, not the hourly tick
+		if got := src.committed()["t/0"]; !slices.Equal(got, []int64{2}) {
+			t.Fatalf("commits %v after CommitEvery deliveries, want [2] at once", got)
+		}
+		c.done(Delivery{Lane: "t/0", Offset: 3})
+		c.close()
+		<-done
+		got := src.committed()["t/0"]
+		if got[len(got)-1] != 3 {
+			t.Fatalf("close did not flush: %v", got)
+		}
+	})
 }
 
 func TestConfigValidation(t *testing.T) {

@@ -246,15 +246,19 @@ func (c *Consumer) extract(msg *dedup.Message) (bk string, err error) {
 // report counts and logs a recorded outcome of batched mode, which runs
 // outside the per-delivery chain (see the package doc, "Middleware").
 func (c *Consumer) report(msg *dedup.Message, res dedup.Result) {
-	c.count(res)
+	c.count(msg, res)
 	c.logOutcome(context.Background(), msg, res)
 }
 
-// count reports a recorded outcome to Config.Metrics.
-func (c *Consumer) count(res dedup.Result) {
+// count reports a recorded outcome of msg to Config.Metrics (and its
+// ReasonObserver and MessageObserver parts).
+func (c *Consumer) count(msg *dedup.Message, res dedup.Result) {
 	c.cfg.Metrics.Delivery(c.cfg.Scope, res.Outcome, res.MatchedBy)
 	if ro, ok := c.cfg.Metrics.(ReasonObserver); ok && res.Reason != "" {
 		ro.ObserveReason(c.cfg.Scope, res.Outcome, res.Reason)
+	}
+	if mo, ok := c.cfg.Metrics.(MessageObserver); ok {
+		mo.ObserveMessage(c.cfg.Scope, msg, res)
 	}
 }
 

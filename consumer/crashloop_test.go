@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
@@ -227,45 +228,42 @@ func TestCrashLoopRewindAndForeignWatermark(t *testing.T) {
 
 // Marked runs take turns process-wide, so a death is charged to one run.
 func TestCrashLoopMarkedRunsOneAtATime(t *testing.T) {
-	st := newMarkerStore()
-	st.block = make(chan struct{})
-	for lane := range 3 {
-		st.watermark[fmt.Sprint("t/", lane)] = 100
-	}
-	c := markerConsumer(t, st, Config{CrashLoop: CrashLoopConfig{InFlight: 5}})
-	var wg sync.WaitGroup
-	for lane := range 3 {
-		for off := range int64(2) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				d := laneDelivery(fmt.Sprintf("m-%d-%d", lane, off), off)
-				d.Lane = fmt.Sprint("t/", lane)
-				if _, err := c.Handle(context.Background(), d); err != nil {
-					t.Error(err)
-				}
-			}()
+	synctest.Test(t, func(t *testing.T) {
+		st := newMarkerStore()
+		st.block = make(chan struct{})
+		for lane := range 3 {
+			st.watermark[fmt.Sprint("t/", lane)] = 100
 		}
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for done := 0; done < 6; {
-		if time.Now().After(deadline) {
-			t.Fatal("marked runs did not all start")
+		c := markerConsumer(t, st, Config{CrashLoop: CrashLoopConfig{InFlight: 5}})
+		var wg sync.WaitGroup
+		for lane := range 3 {
+			for off := range int64(2) {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					d := laneDelivery(fmt.Sprintf("m-%d-%d", lane, off), off)
+					d.Lane = fmt.Sprint("t/", lane)
+					if _, err := c.Handle(context.Background(), d); err != nil {
+						t.Error(err)
+					}
+				}()
+			}
 		}
-		st.mu.Lock()
-		started := len(st.processed)
-		st.mu.Unlock()
-		if started > done {
+		for done := 0; done < 6; done++ {
+			synctest.Wait() // every run that can start has started and blocks
+			st.mu.Lock()
+			started := len(st.processed)
+			st.mu.Unlock()
+			if started != done+1 {
+				t.Fatalf("%d marked runs started after %d finished, want %d: marked runs go one at a time", started, done, done+1)
+			}
 			st.block <- struct{}{}
-			done++
-			continue
 		}
-		time.Sleep(time.Millisecond)
-	}
-	wg.Wait()
-	if _, _, marks, processed, _ := st.snapshot(); len(marks) != 6 || len(processed) != 6 || st.maxRunning != 1 {
-		t.Fatalf("%d marks, %d runs, at most %d at once; want 6, 6, 1", len(marks), len(processed), st.maxRunning)
-	}
+		wg.Wait()
+		if _, _, marks, processed, _ := st.snapshot(); len(marks) != 6 || len(processed) != 6 || st.maxRunning != 1 {
+			t.Fatalf("%d marks, %d runs, at most %d at once; want 6, 6, 1", len(marks), len(processed), st.maxRunning)
+		}
+	})
 }
 
 // A marker that finds the attempts used up returns its dead letter and the

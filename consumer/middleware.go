@@ -166,7 +166,7 @@ func (c *Consumer) metricsMiddleware(next ProcessFunc) ProcessFunc {
 		if do != nil {
 			do.ObserveDuration(c.cfg.Scope, res.Outcome, time.Since(start))
 		}
-		c.count(res)
+		c.count(d.Message, res)
 		return res, nil
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
@@ -109,14 +110,19 @@ func runRevocable(t *testing.T, cfg Config, src *revocableSource) (stop func()) 
 	}
 }
 
+// waitFor waits until cond holds, for at most 10s of the fake clock: it
+// must run inside a synctest bubble (synctest.Test). Each round lets every
+// goroutine of the bubble run until it blocks (synctest.Wait), then moves
+// the fake clock on by a millisecond, so that backoffs and tickers fire
+// without a wall-clock wait.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
+	for synctest.Wait(); !cond(); synctest.Wait() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(time.Millisecond) // the fake clock: no wall-clock wait
 	}
 }
 
@@ -126,46 +132,48 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestRunDropsRevokedDeliveries(t *testing.T) {
 	for _, batch := range []int{1, 3} {
 		t.Run("batch="+strconv.Itoa(batch), func(t *testing.T) {
-			st := &txStore{}
-			src := &revocableSource{feed: make(chan Delivery, 16)}
-			old, revoke := context.WithCancel(context.Background())
-			inHand := make(chan struct{})
-			resume := make(chan struct{})
-			h := func(_ context.Context, _ pgx.Tx, m *dedup.Message) error {
-				if m.Identity.MessageID == "m-1" {
-					close(inHand)
-					<-resume
+			synctest.Test(t, func(t *testing.T) {
+				st := &txStore{}
+				src := &revocableSource{feed: make(chan Delivery, 16)}
+				old, revoke := context.WithCancel(context.Background())
+				inHand := make(chan struct{})
+				resume := make(chan struct{})
+				h := func(_ context.Context, _ pgx.Tx, m *dedup.Message) error {
+					if m.Identity.MessageID == "m-1" {
+						close(inHand)
+						<-resume
+					}
+					return nil
 				}
-				return nil
-			}
-			stop := runRevocable(t, Config{Store: st, Handler: h, BatchSize: batch, BatchWait: time.Millisecond,
-				CommitEvery: 1000, CommitInterval: time.Hour}, src)
-			defer stop()
-			for off := range int64(5) {
-				src.feed <- delivery(old, off+1)
-			}
-			<-inHand
-			waitFor(t, "the waiting deliveries to be fetched", func() bool { return len(src.feed) == 0 })
-			revoke() // a rebalance takes the lane while m-1 is in hand
-			src.flush(context.Background())
-			close(resume)
-			// The lane's next claim starts again at 2.
-			src.feed <- delivery(context.Background(), 2)
-			src.feed <- delivery(context.Background(), 3)
-			waitFor(t, "the new claim's deliveries", func() bool { return slices.Contains(st.ids(), "m-3") })
-			src.flush(context.Background())
-			got := st.ids()
-			if batch == 1 && !slices.Equal(got, []string{"m-1", "m-2", "m-3"}) {
-				t.Fatalf("handled %v, want m-1 (in hand), then the new claim's m-2 and m-3", got)
-			}
-			for _, id := range []string{"m-4", "m-5"} {
-				if slices.Contains(got, id) {
-					t.Fatalf("handled %v: %s of the revoked claim ran", got, id)
+				stop := runRevocable(t, Config{Store: st, Handler: h, BatchSize: batch, BatchWait: time.Millisecond,
+					CommitEvery: 1000, CommitInterval: time.Hour}, src)
+				defer stop()
+				for off := range int64(5) {
+					src.feed <- delivery(old, off+1)
 				}
-			}
-			if offs := src.committed()["t/0"]; len(offs) == 0 || offs[len(offs)-1] != 3 {
-				t.Fatalf("commits %v, want the flush to commit 3", offs)
-			}
+				<-inHand
+				waitFor(t, "the waiting deliveries to be fetched", func() bool { return len(src.feed) == 0 })
+				revoke() // a rebalance takes the lane while m-1 is in hand
+				src.flush(context.Background())
+				close(resume)
+				// The lane's next claim starts again at 2.
+				src.feed <- delivery(context.Background(), 2)
+				src.feed <- delivery(context.Background(), 3)
+				waitFor(t, "the new claim's deliveries", func() bool { return slices.Contains(st.ids(), "m-3") })
+				src.flush(context.Background())
+				got := st.ids()
+				if batch == 1 && !slices.Equal(got, []string{"m-1", "m-2", "m-3"}) {
+					t.Fatalf("handled %v, want m-1 (in hand), then the new claim's m-2 and m-3", got)
+				}
+				for _, id := range []string{"m-4", "m-5"} {
+					if slices.Contains(got, id) {
+						t.Fatalf("handled %v: %s of the revoked claim ran", got, id)
+					}
+				}
+				if offs := src.committed()["t/0"]; len(offs) == 0 || offs[len(offs)-1] != 3 {
+					t.Fatalf("commits %v, want the flush to commit 3", offs)
+				}
+			})
 		})
 	}
 }
@@ -173,57 +181,61 @@ func TestRunDropsRevokedDeliveries(t *testing.T) {
 // A delivery retried in place is not retried again once its lane is
 // revoked; the lane moves on.
 func TestRunStopsRetryingRevokedDelivery(t *testing.T) {
-	st := &txStore{}
-	src := &revocableSource{feed: make(chan Delivery, 4)}
-	old, revoke := context.WithCancel(context.Background())
-	var mu sync.Mutex
-	attempts := 0
-	h := func(_ context.Context, _ pgx.Tx, m *dedup.Message) error {
-		if m.Identity.MessageID != "m-1" {
-			return nil
+	synctest.Test(t, func(t *testing.T) {
+		st := &txStore{}
+		src := &revocableSource{feed: make(chan Delivery, 4)}
+		old, revoke := context.WithCancel(context.Background())
+		var mu sync.Mutex
+		attempts := 0
+		h := func(_ context.Context, _ pgx.Tx, m *dedup.Message) error {
+			if m.Identity.MessageID != "m-1" {
+				return nil
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if attempts++; attempts == 3 {
+				revoke()
+			}
+			return errors.New("still failing")
 		}
+		stop := runRevocable(t, Config{Store: st, Handler: h, CommitEvery: 1, CommitInterval: time.Millisecond}, src)
+		defer stop()
+		src.feed <- delivery(old, 1)
+		src.feed <- delivery(context.Background(), 2)
+		waitFor(t, "the lane to move on", func() bool { return slices.Contains(st.ids(), "m-2") })
 		mu.Lock()
 		defer mu.Unlock()
-		if attempts++; attempts == 3 {
-			revoke()
+		// The revocation ends the retry context asynchronously (context.AfterFunc):
+		// one more attempt may start before it is seen, never more.
+		if attempts < 3 || attempts > 4 {
+			t.Fatalf("m-1 tried %d times, want 3 (or 4), then no retry after the revocation", attempts)
 		}
-		return errors.New("still failing")
-	}
-	stop := runRevocable(t, Config{Store: st, Handler: h, CommitEvery: 1, CommitInterval: time.Millisecond}, src)
-	defer stop()
-	src.feed <- delivery(old, 1)
-	src.feed <- delivery(context.Background(), 2)
-	waitFor(t, "the lane to move on", func() bool { return slices.Contains(st.ids(), "m-2") })
-	mu.Lock()
-	defer mu.Unlock()
-	// The revocation ends the retry context asynchronously (context.AfterFunc):
-	// one more attempt may start before it is seen, never more.
-	if attempts < 3 || attempts > 4 {
-		t.Fatalf("m-1 tried %d times, want 3 (or 4), then no retry after the revocation", attempts)
-	}
-	for _, off := range src.committed()["t/0"] {
-		if off == 1 {
-			t.Fatal("the revoked, never acked m-1 was committed")
+		for _, off := range src.committed()["t/0"] {
+			if off == 1 {
+				t.Fatal("the revoked, never acked m-1 was committed")
+			}
 		}
-	}
+	})
 }
 
 // flushNow returns at once when the committer has stopped.
 func TestFlushNowAfterStop(t *testing.T) {
-	src := &revocableSource{}
-	c := newCommitter(src, 1, time.Hour, slog.Default())
-	if src.flush == nil {
-		t.Fatal("the committer did not register its flush with the Revocable source")
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); c.loop() }()
-	c.close()
-	<-done
-	returned := make(chan struct{})
-	go func() { src.flush(context.Background()); close(returned) }()
-	select {
-	case <-returned:
-	case <-time.After(5 * time.Second):
-		t.Fatal("flush blocked after the committer stopped")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		src := &revocableSource{}
+		c := newCommitter(src, 1, time.Hour, slog.Default())
+		if src.flush == nil {
+			t.Fatal("the committer did not register its flush with the Revocable source")
+		}
+		done := make(chan struct{})
+		go func() { defer close(done); c.loop() }()
+		c.close()
+		<-done
+		returned := make(chan struct{})
+		go func() { src.flush(context.Background()); close(returned) }()
+		select {
+		case <-returned:
+		case <-time.After(5 * time.Second):
+			t.Fatal("flush blocked after the committer stopped")
+		}
+	})
 }

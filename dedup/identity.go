@@ -7,15 +7,19 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/idemq/idemq/wire"
 )
 
 // MaxKeyBytes is the longest message ID or business key stored as given:
-// 255 bytes. Longer keys are stored in their hashed form (see NormalizeKey).
-const MaxKeyBytes = 255
+// 255 bytes (wire.MaxMessageIDBytes, the wire contract's rule). Longer keys
+// are stored in their hashed form (see NormalizeKey).
+const MaxKeyBytes = wire.MaxMessageIDBytes
 
 // HashedKeyPrefix starts every key stored in hashed form: "sha256:" followed by
-// 64 lowercase hex digits of the SHA-256 of the raw key bytes.
-const HashedKeyPrefix = "sha256:"
+// 64 lowercase hex digits of the SHA-256 of the raw key bytes
+// (wire.HashedIDPrefix).
+const HashedKeyPrefix = wire.HashedIDPrefix
 
 // MatchedBy names which unique key of the consumption record a duplicate or
 // conflict matched.
@@ -83,7 +87,9 @@ func ValidateScope(scope string) error {
 // Keys that are not blank are used exactly as given: surrounding white
 // space is not trimmed, so " m-1" and "m-1" stay different IDs. Invalid UTF-8
 // is not white space (it is not blank).
-func IsBlank(key string) bool { return strings.TrimSpace(key) == "" }
+//
+// It is wire.IsBlank, the wire contract's rule.
+func IsBlank(key string) bool { return wire.IsBlank(key) }
 
 // NewIdentity builds a normalized identity. messageID is the message's own ID
 // (a header or property); when it is blank (IsBlank), fallbackID (the broker
@@ -114,7 +120,7 @@ func NormalizeKey(raw string) string {
 	if IsBlank(raw) {
 		return ""
 	}
-	if len(raw) <= MaxKeyBytes && utf8.ValidString(raw) && strings.IndexByte(raw, 0) < 0 && !strings.HasPrefix(raw, HashedKeyPrefix) {
+	if wire.CheckMessageID(raw) == nil {
 		return raw
 	}
 	sum := sha256.Sum256([]byte(raw))

@@ -72,17 +72,23 @@ type LeaseOptions struct {
 	// redelivery timer (see ValidateUnder).
 	TTL time.Duration
 	// Heartbeat is how often the lease is extended while the handler runs.
-	// Default TTL/3; negative disables heartbeats (the lease then lasts TTL).
+	// Default TTL/3. Negative values are refused (ValidateUnder returns an
+	// error wrapping ErrInvalidConfig): set DisableHeartbeat for none.
 	Heartbeat time.Duration
+	// DisableHeartbeat turns the heartbeat off: the lease then lasts TTL
+	// from the claim, and a handler still running after 90% of TTL has its
+	// context canceled with ErrLeaseExpired. Default false. Heartbeat must
+	// then be zero.
+	DisableHeartbeat bool
 }
 
 // WithDefaults returns o with its zero fields set to their defaults: TTL
-// 30s, Heartbeat TTL/3.
+// 30s, Heartbeat TTL/3 (none with DisableHeartbeat).
 func (o LeaseOptions) WithDefaults() LeaseOptions {
 	if o.TTL == 0 {
 		o.TTL = 30 * time.Second
 	}
-	if o.Heartbeat == 0 {
+	if o.Heartbeat == 0 && !o.DisableHeartbeat {
 		o.Heartbeat = o.TTL / 3
 	}
 	return o
@@ -91,8 +97,15 @@ func (o LeaseOptions) WithDefaults() LeaseOptions {
 // ValidateUnder refuses a lease TTL that does not fit under the broker's
 // redelivery timer (RocketMQ ConsumeTimeout, Kafka session timeout): the
 // broker would hand the message to another consumer while the lease still
-// blocks it. The error names both numbers and wraps ErrInvalidConfig.
+// blocks it. It also refuses a negative Heartbeat, and a Heartbeat set
+// with DisableHeartbeat. Errors name the field and wrap ErrInvalidConfig.
 func (o LeaseOptions) ValidateUnder(brokerTimer time.Duration) error {
+	switch {
+	case o.Heartbeat < 0:
+		return fmt.Errorf("%w: lease Heartbeat %s is negative: a negative value no longer disables heartbeats; set DisableHeartbeat instead", ErrInvalidConfig, o.Heartbeat)
+	case o.DisableHeartbeat && o.Heartbeat != 0:
+		return fmt.Errorf("%w: lease DisableHeartbeat is set: Heartbeat must be zero, not %s", ErrInvalidConfig, o.Heartbeat)
+	}
 	ttl := o.WithDefaults().TTL
 	if ttl < time.Second {
 		return fmt.Errorf("%w: lease TTL %s must be at least 1s", ErrInvalidConfig, ttl)

@@ -63,7 +63,8 @@ type RedriveMessage struct {
 	// MessageID is the derived message ID (RedriveAsNewID). Put it in the
 	// message-ID header or property the consumer reads
 	// (kafkaadapter.Config.MessageIDHeader,
-	// rocketmqadapter.Config.MessageIDProperty; "message-id" by default).
+	// rocketmqadapter.Config.MessageIDProperty; wire.MessageIDHeader by
+	// default).
 	MessageID string
 	// Topic, Key, Headers and Payload are the dead-lettered message as it
 	// was delivered. Headers still hold its old message-ID header, if any,

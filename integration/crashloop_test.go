@@ -58,7 +58,7 @@ func TestS17LeaseOwnersThatDieAreBounded(t *testing.T) {
 func testS17Lease(t *testing.T, st adminStore) {
 	ctx := context.Background()
 	const scope, id = "ingest", "ingest/big-77"
-	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1}
+	opt := dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true}
 	// Dead owners never return while the test runs; they are released (and
 	// fenced) at its end, before the store's tables go away.
 	release := make(chan struct{})
@@ -88,7 +88,7 @@ func testS17Lease(t *testing.T, st adminStore) {
 		}
 		// The owner "dies" holding the lease (no heartbeat): its lease ends
 		// TTL after the claim, in the store's own time.
-		time.Sleep(opt.TTL + 500*time.Millisecond)
+		waitLeaseExpired(t, st, scope, id)
 	}
 
 	third, err := st.ProcessLeased(ctx, msg(t, scope, id, "", "big"), func(context.Context, *dedup.Message) error {
@@ -272,111 +272,6 @@ func TestCrashLoopMarkersCostNothingOnFirstDeliveries(t *testing.T) {
 	}
 }
 
-// Store.MarkStart against Postgres, with deaths simulated by a marker that
-// is never followed by the run's transaction (as when the process dies
-// inside the handler: Postgres rolls the claim back). MaxAttempts 3.
-func TestStartMarkerCountsRunsThatDied(t *testing.T) {
-	t.Parallel()
-	e := setup(t, func(c *pgstore.Config) { c.MaxAttempts = 3 })
-	ctx := e.ctx
-	const scope = "ingest"
-	mark := func(id, bk, payload string) dedup.StartMark {
-		t.Helper()
-		m, err := e.store.MarkStart(ctx, msg(t, scope, id, bk, payload))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-	ok := func(context.Context, pgx.Tx, *dedup.Message) error { return nil }
-	fail := func(context.Context, pgx.Tx, *dedup.Message) error { return errors.New("transient") }
-
-	// A new identity: a FAILED_RETRYABLE record with no attempt, marked.
-	if m := mark("big-1", "", "p"); !m.Run {
-		t.Fatalf("first marker: %+v", m)
-	}
-	if r := e.record(scope, "big-1"); r.Status != dedup.StatusFailedRetryable || r.Attempts != 0 {
-		t.Fatalf("after the first marker: %+v", r)
-	}
-	// The run died: the next marker counts it (attempt 1), class process_died.
-	if m := mark("big-1", "", "p"); !m.Run {
-		t.Fatalf("second marker: %+v", m)
-	}
-	if r := e.record(scope, "big-1"); r.Attempts != 1 || r.LastErrorClass != "process_died" {
-		t.Fatalf("after one death: %+v", r)
-	}
-	// It died again: attempt 2, plus the unmarked first run = 3 = MaxAttempts.
-	m := mark("big-1", "", "p")
-	if m.Run || m.Result.Outcome != dedup.OutcomeDeadLetter || m.Result.Attempts != 3 || m.Result.Status != dedup.StatusFailedFinal ||
-		!errors.Is(m.Result.Err, dedup.ErrExecutionLost) || m.Result.DeadLetterID == 0 {
-		t.Fatalf("third marker: %+v; want a dead letter after 3 starts, no run", m)
-	}
-	if r := e.record(scope, "big-1"); r.Status != dedup.StatusFailedFinal || r.Attempts != 3 || r.LastErrorClass != "attempts_exhausted" {
-		t.Fatalf("record after exhaustion: %+v", r)
-	}
-	// A final record is left alone; a re-drive allows one more run.
-	if m := mark("big-1", "", "p"); !m.Run {
-		t.Fatalf("marker on a final record: %+v; want Run (Process reports the duplicate)", m)
-	}
-	if err := e.store.Redrive(ctx, scope, "big-1"); err != nil {
-		t.Fatal(err)
-	}
-	if m := mark("big-1", "", "p"); !m.Run {
-		t.Fatalf("marker after a re-drive: %+v; want Run", m)
-	}
-	if res, err := e.store.Process(ctx, msg(t, scope, "big-1", "", "p"), ok); err != nil || res.Outcome != dedup.OutcomeProcessed || res.Attempts != 4 {
-		t.Fatalf("run after a re-drive: %+v %v", res, err)
-	}
-
-	// Runs that reach an outcome are not deaths; a withdrawn marker is not
-	// either.
-	mark("big-2", "", "p")
-	if res, err := e.store.Process(ctx, msg(t, scope, "big-2", "", "p"), fail); err != nil || res.Outcome != dedup.OutcomeRetry || res.Attempts != 1 {
-		t.Fatalf("failed run: %+v %v", res, err)
-	}
-	m = mark("big-2", "", "p")
-	if err := e.store.ClearStart(ctx, m); err != nil {
-		t.Fatal(err)
-	}
-	mark("big-2", "", "p")
-	if r := e.record(scope, "big-2"); r.Status != dedup.StatusFailedRetryable || r.Attempts != 1 || r.LastErrorClass == "process_died" {
-		t.Fatalf("after a failed run and a withdrawn marker: %+v; want attempts 1, no death counted", r)
-	}
-
-	// With MaxAttempts 1 the unmarked first run alone never dead-letters: a
-	// delivery that may never have run gets its run.
-	one := setup(t, func(c *pgstore.Config) { c.MaxAttempts = 1 })
-	if m, err := one.store.MarkStart(ctx, msg(t, scope, "big-3", "", "p")); err != nil || !m.Run {
-		t.Fatalf("MaxAttempts 1, first marker: %+v %v", m, err)
-	}
-
-	// A business-key match marks the record it matches; a different payload
-	// is left to Process (a conflict).
-	if res, err := e.store.Process(ctx, msg(t, scope, "big-4", "order-4", "p"), fail); err != nil || res.Outcome != dedup.OutcomeRetry {
-		t.Fatalf("%+v %v", res, err)
-	}
-	if m := mark("big-4-resend", "order-4", "p"); !m.Run {
-		t.Fatalf("%+v", m)
-	}
-	if m := mark("big-4", "", "other payload"); !m.Run {
-		t.Fatalf("%+v", m)
-	}
-	// The marked run died: attempt 2, plus the unmarked run that may have
-	// died after attempt 1's failure = 3: the record it matched is final.
-	if m := mark("big-4-resend", "order-4", "p"); m.Run || m.Result.MatchedBy != dedup.ByBusinessKey {
-		t.Fatalf("%+v; want a dead letter matched by business key", m)
-	}
-	if r := e.record(scope, "big-4"); r.Status != dedup.StatusFailedFinal || r.Attempts != 3 {
-		t.Fatalf("record matched by business key: %+v; want the death counted on it", r)
-	}
-	if n := e.count(`select count(*) from ` + e.table("consumption_records") + ` where message_id = 'big-4-resend'`); n != 0 {
-		t.Fatalf("a marker created a second record for a business key")
-	}
-	if dls := e.deadLetters(scope); len(dls) != 2 || dls[0].MessageID != "big-1" || dls[1].MessageID != "big-4-resend" {
-		t.Fatalf("dead letters = %+v, want big-1's and big-4-resend's", dls)
-	}
-}
-
 // S17 with S18 on Postgres: the claim that finds the last attempt's lease
 // expired dead-letters the record, and the answer to its COMMIT is lost. The
 // store retries the claim, whose outcome is unknown (lease_unknown.go); the
@@ -390,7 +285,7 @@ func TestS17LeaseCapClaimAnswerLost(t *testing.T) {
 	e := setup(t, nil)
 	st, p := proxiedLeaseStore(t, e, func(c *pgstore.Config) { c.MaxAttempts = 1 })
 	const scope, id = "ingest", "ingest/big-78"
-	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1} // no heartbeat statements on the wire
+	opt := dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true} // no heartbeat statements on the wire
 	release := make(chan struct{})
 	dead := make(chan dedup.Result, 1)
 	started := make(chan struct{})
@@ -403,7 +298,7 @@ func TestS17LeaseCapClaimAnswerLost(t *testing.T) {
 		dead <- r
 	}()
 	<-started
-	time.Sleep(opt.TTL + 500*time.Millisecond) // its lease expires, in database time
+	waitLeaseExpired(t, st, scope, id) // its lease expires, in database time
 
 	p.DropReplyOnce(pgCommitAfter(sqlHas("set status = 'FAILED_FINAL', attempts = $2")))
 	r, err := st.ProcessLeased(e.ctx, msg(t, scope, id, "", "big"), func(context.Context, *dedup.Message) error {

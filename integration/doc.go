@@ -17,22 +17,25 @@
 // # Failures from the field
 //
 // Each of these failures, seen by teams running Kafka, RocketMQ, outboxes or
-// idempotency keys, is reproduced with the values it was reported with:
+// idempotency keys, is reproduced with the values it was reported with. The
+// scenarios that need Postgres only (S04, S10, S13, S14) are package tests
+// of dedup/pgstore, marked "pgstore:" below; `go test ./dedup/pgstore/` runs
+// them with TEST_POSTGRES_DSN set:
 //
 //	S01 stale copy after a rebalance: no handler call, no commit below the committed offset  TestS01StaleMessageAfterRebalance
 //	S02 offset ahead of processing; commit call fails after the DB commit                     TestS02OffsetNeverAheadOfProcessing
 //	S03 processed but not committed at handoff; commits flushed on close                      TestS03ProcessedButNotCommittedAtHandoff
-//	S04 zombie consumer holding its transaction while a copy arrives                          TestS04ZombieConsumer
+//	S04 zombie consumer holding its transaction while a copy arrives                          pgstore: TestS04ZombieConsumer
 //	S05 producer retry at a new offset: business-key duplicate, conflict, empty keys          TestS05ProducerRetryAtNewOffset
 //	S06 RocketMQ resend while the first attempt runs (and after it failed)                    TestRocketMQS06ResendWhileFirstAttemptRuns, TestRocketMQS06FirstAttemptFailsCopyProcesses
 //	S07 RocketMQ per-copy storage IDs: UNIQ_KEY, never OffsetMsgId                            TestRocketMQS07PerCopyStorageIDs
 //	S08 RocketMQ poison message, stray copy, operator re-drive                               TestRocketMQS08PoisonMessage, TestRocketMQPoisonThroughRetryTopic
 //	S09 crash after commit, before ack (real SIGKILL), with Redis kept or flushed              TestS09KafkaCrashAfterCommitBeforeAck, TestRocketMQS09KillAfterCommitBeforeAck
-//	S10 unique violation inside the transaction (redelivery, own table, wrapped)              TestS10UniqueViolations
+//	S10 unique violation inside the transaction (redelivery, own table, wrapped)              pgstore: TestS10UniqueViolations
 //	S11 fast-path miss falls through to Postgres; Redis down                                 TestS11FastPathMissFallsThroughToPostgres
 //	S12 stale claim marker in Redis is not trusted                                          TestS12StaleRedisMarkerNotTrusted
-//	S13 lease lost while the owner still works: fencing                                      TestS13LeaseLostWhileOwnerWorks
-//	S14 clock skew: leases and retention in database time                                   TestS14ClockSkewUsesDatabaseTime
+//	S13 lease lost while the owner still works: fencing                                      pgstore: TestS13LeaseLostWhileOwnerWorks
+//	S14 clock skew: leases and retention in database time                                   pgstore: TestS14ClockSkewUsesDatabaseTime
 //	S15 a duplicate input publishes nothing new                                             TestOutboxS15DuplicateInputPublishesNothingNew
 //	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
 //	S17 a message that kills its consumer: lease owners that die; atomic and batched          TestS17LeaseOwnersThatDieAreBounded, TestS17CrashLoopKafka, TestS17CrashLoopRocketMQ
@@ -43,15 +46,20 @@
 //
 // Beside them: the cost of start markers counted statement by statement
 // (TestCrashLoopMarkersCostNothingOnFirstDeliveries) and their rules on
-// Postgres (TestStartMarkerCountsRunsThatDied); many copies at once
-// (TestConcurrentCopiesApplyOnce), real process kills mid-stream
+// Postgres (pgstore: TestStartMarkerCountsRunsThatDied); real process kills mid-stream
 // (TestKafkaCrashMidStreamNoDoubleEffectNothingLost,
-// TestRocketMQTwoProcessesKillMidRun), generation-fenced Kafka commits: a
+// TestRocketMQTwoProcessesKillMidRun), RocketMQ progress across rebalances:
+// lag 0 after a graceful stop and redeliveries within the in-flight ones,
+// 1.2 deliveries per message at most through a backlog and two rebalances,
+// with the per-queue redelivery and duplicate metrics
+// (TestRocketMQRebalanceKeepsProgress,
+// TestRocketMQBacklogRebalanceDeliveries), generation-fenced Kafka commits: a
 // rebalance while a consumer holds fetched deliveries never moves a group
 // offset back, in every mode (TestKafkaGenerationFencedCommits), bad input
 // (TestKafkaBadInput), retries through the real %RETRY% topic, batched mode,
 // the outbox relay under load and broker outages, metrics, tracing and the
-// CLI. Conflicts carry the reason of their kind in every mode and store
+// CLI (`idemq relay -once` drains the outbox and exits:
+// TestCLIRelayOnceDrains). Conflicts carry the reason of their kind in every mode and store
 // (TestConflictReasons); a re-driven bad_input record runs its next copy
 // (TestRedrivenBadInputRuns); a message-ID collision's dead letter is
 // re-driven as a new message with the CLI on Kafka and RocketMQ, once,
@@ -66,35 +74,66 @@
 // and RocketMQ (push, the listener calling consumer.Pusher on the broker's
 // last copy: TestRuntimeRocketMQHandlerTimeoutAndMiddleware).
 //
+// Conformance suites on the real brokers: outbox/publishertest for both
+// publishers (TestPublisherConformanceKafka, TestPublisherConformanceRocketMQ)
+// and consumer/sourcetest for both pull-mode sources (TestSourceConformanceKafka,
+// TestSourceConformanceRocketMQ).
+//
 // Optional dependencies fail fast: Redis stopped for 10 s in the middle of
 // 5,000 messages leaves effects exactly once while the fast path's circuit
 // breaker opens once and closes once (TestFastPathRedisOutageMidStream), and
 // BenchmarkFastPathRedisDown holds throughput with Redis down to Postgres
 // only. A lost LISTEN connection (its backend terminated) makes the relay
-// poll at once (TestRelayListenLostFallsBackToPolling); a stuck span exporter
+// poll at once (outbox's own TestRelayListenLostFallsBackToPolling, which
+// needs TEST_POSTGRES_DSN only); a stuck span exporter
 // holds up no delivery (TestTracingExportNeverBlocksDeliveries); a hung
 // Redis under the Redis-only store ends a handler by its lease's clock
 // (TestRedisStoreRenewalFailsByTheLeaseClock).
 //
 // Failure classes: a COMMIT terminated by the server (57P01) in every
-// Postgres mode (TestOutcomeUnknownAtCommit,
-// TestKafkaOutcomeUnknownAtCommitRedelivered), a COMMIT that landed but whose
-// reply a TCP proxy lost (TestCommitReplyLost), serialization failures and
-// deadlocks retried without using an attempt
-// (TestTransientFailureCountsNoAttempt), and the handler's isolation level
-// with a real serializable write skew (TestHandlerIsolationLevel).
+// Postgres mode (pgstore: TestOutcomeUnknownAtCommit; through the Kafka
+// runtime: TestKafkaOutcomeUnknownAtCommitRedelivered), a COMMIT that landed
+// but whose reply a TCP proxy lost (TestCommitReplyLost), serialization
+// failures and deadlocks retried without using an attempt (pgstore:
+// TestTransientFailureCountsNoAttempt), and the handler's isolation level
+// with a real serializable write skew (pgstore: TestHandlerIsolationLevel).
 //
-// The Redis-only store (dedup/redisstore) has its own set: 20 copies at once
-// (TestRedisStoreConcurrentCopiesApplyOnce); duplicates and conflicts by
-// message ID and business key; retries, permanent errors and dead letters;
-// S13 on Redis (TestRedisStoreLeaseTakeoverFencesStaleOwner); S11's claim
-// that must outlive a long handler, kept by the watchdog
-// (TestRedisStoreWatchdogKeepsLongHandler); owners that die holding the
-// lease, bounded by MaxAttempts; shutdown and Redis down; a Kafka consumer
-// with a full replay (TestRedisStoreKafkaConsumerAppliesOnce); and every
-// script path on a Redis Cluster node started by the test, which refuses
-// keys of different slots (TestRedisStoreOnRedisCluster). A TCP proxy
-// written for the tests (faultProxy) loses one reply of a real Redis or
-// Postgres and closes the connection, for S18 and for the fast path's
-// Remember (TestRedisFastPathRememberReplyLost).
+// # Postgres-only tests live in dedup/pgstore
+//
+// A test that needs Postgres and nothing else (no broker, no Redis, no child
+// process, no consumer runtime) is a package test of dedup/pgstore, so that
+// `go test ./...` with TEST_POSTGRES_DSN set runs it without this module:
+// the scenarios marked "pgstore:" above, batched mode's savepoints and order
+// (TestProcessBatchSavepointsAndOrder), commits refused at COMMIT
+// (TestCommitRefusedIsAHandlerFailure) and no table scan on 200,000 records
+// under generic plans (TestNoTableScanOnLargeRecordTable). `make
+// test-postgres-oldest` runs them on PostgreSQL 13 too.
+//
+// # Store conformance
+//
+// Every store runs the conformance suite of dedup/storetest on the real
+// services: the Postgres store in atomic, batched and lease modes
+// (TestStoreConformancePostgresAtomic, TestStoreConformancePostgresBatched,
+// TestStoreConformancePostgresLease) and the Redis-only store
+// (TestStoreConformanceRedis); the in-memory store runs it in its own
+// package. Its cases: claim and success, duplicates by message ID and by
+// business key, conflicts, retries, final failures and dead letters,
+// re-drive, lease takeover and fencing, renewals that find a takeover,
+// heartbeats, the idempotency key across a re-send, bad input, interrupted
+// handlers, crash loops, 20 copies at once (…/ConcurrentCopies) and
+// retention purge.
+//
+// What stays here is particular to one store. Postgres: its own package
+// tests (above). The Redis-only store: Redis unreachable (TestRedisStoreRedisDown), a
+// completion whose Redis call fails (TestRedisStoreCompletionFailureIsNotAcked),
+// fingerprint key rotation inside the scripts
+// (TestRedisStoreFingerprintKeyRotation), a business-key index that outlived
+// its record (TestRedisStoreStaleBusinessKeyIndex), a Kafka consumer with a
+// full replay (TestRedisStoreKafkaConsumerAppliesOnce), RocketMQ's %RETRY%
+// topic (TestRedisStoreRocketMQRetryTopicAndResend), and every script path
+// on a Redis Cluster node started by the test, which refuses keys of
+// different slots (TestRedisStoreOnRedisCluster). A TCP proxy written for
+// the tests (faultProxy) loses one reply of a real Redis or Postgres and
+// closes the connection, for S18 and for the fast path's Remember
+// (TestRedisFastPathRememberReplyLost).
 package integration

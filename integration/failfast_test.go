@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os/exec"
 	"strings"
 	"sync/atomic"
@@ -61,104 +60,6 @@ func TestRedisStoreRenewalFailsByTheLeaseClock(t *testing.T) {
 	case <-done:
 	case <-time.After(2 * time.Minute):
 		t.Fatal("ProcessLeased did not return after Redis resumed")
-	}
-}
-
-// listenBackends returns the pids of the backends LISTENing on the outbox's
-// channel (one per running relay of this test's outbox; the channel names
-// the test's own schema, so no other test's backend matches).
-func (o *obEnv) listenBackends(t testing.TB) []int32 {
-	t.Helper()
-	listen := `listen ` + pgx.Identifier{"idemq_outbox:" + o.schema + ".outbox"}.Sanitize()
-	rows, err := o.pool.Query(o.ctx, `select pid from pg_stat_activity
-where datname = current_database() and backend_type = 'client backend' and query = $1 and pid <> pg_backend_pid()`, listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pids
-}
-
-// The relay's LISTEN connection is lost (its backend terminated with
-// pg_terminate_backend, only that one): the relay falls back to polling at
-// once, every FallbackPollInterval, although its PollInterval is an hour,
-// and reconnects in the background (two reconnects fail, the third is held
-// by the test); once LISTEN is back, notifications wake it again. One
-// warning for the loss, one info line for the return.
-func TestRelayListenLostFallsBackToPolling(t *testing.T) {
-	t.Parallel()
-	o := setupOutbox(t)
-	topic := newTopic(t, 1)
-	var attempts atomic.Int32
-	holding := make(chan struct{}, 1)
-	release := make(chan struct{})
-	cfg := fastRelay("listen-lost")
-	cfg.PollInterval, cfg.FallbackPollInterval = time.Hour, 100*time.Millisecond
-	logs := &logLines{}
-	cfg.Logger = slog.New(logs)
-	cfg.Hooks.BeforeListen = func(ctx context.Context) error {
-		switch attempts.Add(1) {
-		case 1:
-			return nil
-		case 2, 3:
-			return errors.New("connection refused (simulated failed reconnect)")
-		}
-		// Later reconnects wait until the test lets them: the LISTEN
-		// connection stays down meanwhile.
-		select {
-		case holding <- struct{}{}:
-		default:
-		}
-		select {
-		case <-release:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	rr := o.startRelay(t, obKafkaPub(t), cfg)
-	eventually(t, 30*time.Second, "the relay's LISTEN connection", func() bool { return len(o.listenBackends(t)) == 1 })
-	o.addRows(t, topic, 5, 5, "notified")
-	eventually(t, 30*time.Second, "rows published through NOTIFY", func() bool { return o.stats(t).Published == 5 })
-
-	pids := o.listenBackends(t)
-	var terminated int
-	for _, pid := range pids {
-		var ok bool
-		if err := o.pool.QueryRow(o.ctx, `select pg_terminate_backend($1)`, pid).Scan(&ok); err != nil || !ok {
-			t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
-		}
-		terminated++
-	}
-	if terminated != 1 {
-		t.Fatalf("terminated %d LISTEN backends, want the relay's one", terminated)
-	}
-	select {
-	case <-holding: // the relay saw the loss and is reconnecting
-	case <-time.After(30 * time.Second):
-		t.Fatal("the relay did not try to reconnect 30s after its LISTEN backend was terminated")
-	}
-	o.addRows(t, topic, 5, 5, "polled")
-	eventually(t, 30*time.Second, "rows published by the fallback polling while LISTEN is down (PollInterval is 1h)",
-		func() bool { return o.stats(t).Published == 10 })
-	if n := len(o.listenBackends(t)); n != 0 {
-		t.Fatalf("%d LISTEN backends while the reconnect is held, want 0", n)
-	}
-
-	close(release)
-	eventually(t, 30*time.Second, "the LISTEN connection back", func() bool { return len(o.listenBackends(t)) == 1 })
-	o.addRows(t, topic, 5, 5, "notified-again")
-	eventually(t, 30*time.Second, "rows published through NOTIFY after the reconnect", func() bool { return o.stats(t).Published == 15 })
-	// One loss, however many reconnects failed during it: one warning, one
-	// info line.
-	if st := rr.r.Stats(); st.ListenLost != 1 || attempts.Load() != 4 {
-		t.Fatalf("relay stats %+v after %d connect attempts, want 1 LISTEN connection lost after 4", st, attempts.Load())
-	}
-	if w, i := logs.matching(slog.LevelWarn, "LISTEN"), logs.matching(slog.LevelInfo, "LISTEN"); len(w) != 1 || len(i) != 1 {
-		t.Fatalf("LISTEN log lines: warnings %q, info %q; want one each", w, i)
 	}
 }
 

@@ -130,7 +130,9 @@ func TestFastPathRedisOutageMidStream(t *testing.T) {
 	// first fast-path call now probes Redis. The last 1,500 deliveries come
 	// in slices over more than a cool-down, so a probe that meets a
 	// connection of the old server still leaves later probes.
-	time.Sleep(cooldown + 500*time.Millisecond)
+	eventually(t, 30*time.Second, "the breaker's last cool-down to end", func() bool {
+		return fast.BreakerStats().State != redisfast.BreakerOpen
+	})
 	after := phase("after", 1200, 0)
 	for i := 0; i < len(after); i += 100 {
 		produce(t, topic, after[i:min(i+100, len(after))]...)

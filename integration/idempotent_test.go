@@ -194,7 +194,7 @@ func TestRedisScriptRepliesLost(t *testing.T) {
 		t.Parallel()
 		s, p := proxiedRedisStore(t, func(c *redisstore.Config) { c.MaxAttempts = 1 })
 		ctx := context.Background()
-		opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: -1}
+		opt := dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true}
 		release := make(chan struct{})
 		defer close(release)
 		running := make(chan struct{})
@@ -246,12 +246,13 @@ func TestRedisScriptRepliesLost(t *testing.T) {
 	t.Run("renew", func(t *testing.T) {
 		t.Parallel()
 		s, p := proxiedRedisStore(t, nil)
+		scripts := countScripts(s.Config().Client)
 		ctx := context.Background()
 		var cause error
 		r, err := s.ProcessLeased(ctx, msg(t, "billing", "m-renew", "", "x"), func(hctx context.Context, _ *dedup.Message) error {
 			p.DropReplyOnce(renewCall)
 			p.WaitDropped(1)
-			time.Sleep(600 * time.Millisecond) // a few more heartbeats
+			scripts.waitMore(t, 3, "three more renewals after the lost reply") // a few more heartbeats
 			cause = context.Cause(hctx)
 			return nil
 		}, dedup.LeaseOptions{TTL: 3 * time.Second, Heartbeat: 100 * time.Millisecond})
@@ -403,8 +404,7 @@ func waitLeaseGone(t *testing.T, s *redisstore.Store, messageID string) {
 	t.Helper()
 	c := redisClient(t)
 	ctx := context.Background()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	eventually(t, 30*time.Second, "Redis to drop the lease of "+messageID, func() bool {
 		n := 0
 		iter := c.Scan(ctx, 0, s.Config().Prefix+":*:lease:"+messageID, 100).Iterator()
 		for iter.Next(ctx) {
@@ -413,14 +413,8 @@ func waitLeaseGone(t *testing.T, s *redisstore.Store, messageID string) {
 		if err := iter.Err(); err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lease of %s still there after 30s", messageID)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return n == 0
+	})
 }
 
 // proxiedLeaseStore is a Postgres store on e's schema whose pool reaches
@@ -496,7 +490,7 @@ var (
 func TestLeaseCallAnswersLost(t *testing.T) {
 	t.Parallel()
 	ok := func(context.Context, *dedup.Message) error { return nil }
-	opt := dedup.LeaseOptions{TTL: 5 * time.Second, Heartbeat: -1} // no heartbeat statements on the wire
+	opt := dedup.LeaseOptions{TTL: 5 * time.Second, DisableHeartbeat: true} // no heartbeat statements on the wire
 
 	// S18 on Postgres: MaxAttempts 1, the claim's COMMIT answer lost. The
 	// resent claim finds its own lease: the handler runs once, SUCCEEDED,

@@ -12,6 +12,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 )
@@ -43,7 +44,7 @@ func produce(t testing.TB, topic string, msgs ...kmsg) {
 	for _, m := range msgs {
 		km := kafka.Message{Value: []byte(m.payload)}
 		if m.id != "" {
-			km.Headers = append(km.Headers, kafka.Header{Key: "message-id", Value: []byte(m.id)})
+			km.Headers = append(km.Headers, kafka.Header{Key: wire.MessageIDHeader, Value: []byte(m.id)})
 		}
 		for k, v := range m.headers {
 			km.Headers = append(km.Headers, kafka.Header{Key: k, Value: []byte(v)})
@@ -225,15 +226,18 @@ func (r *running) stop(t testing.TB) {
 	}
 }
 
-// eventually polls cond every 50ms for up to d.
+// eventually polls cond every 50ms for up to d: the tests' one way of
+// waiting for something to happen (see also wait_test.go).
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %s waiting for %s", d, what)
 		}
-		time.Sleep(50 * time.Millisecond)
+		<-tick.C
 	}
 }
 

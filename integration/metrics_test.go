@@ -33,7 +33,10 @@ idemq_fastpath_total{result="miss"} 1
 
 	o := setupOutbox(t)
 	o.addRows(t, "lag-topic", 5, 2, "lag")
-	time.Sleep(1100 * time.Millisecond)
+	eventually(t, 30*time.Second, "the oldest pending row to be 1s old in database time", func() bool {
+		st, err := o.ob.Stats(e.ctx)
+		return err == nil && st.OldestPending >= time.Second
+	})
 	c := o.ob.Collector(0)
 	if n := testutil.CollectAndCount(c, "idemq_outbox_rows"); n != 3 {
 		t.Fatalf("idemq_outbox_rows series = %d, want 3", n)

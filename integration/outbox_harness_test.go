@@ -67,7 +67,14 @@ type runningRelay struct {
 
 func (o *obEnv) startRelay(t testing.TB, pub outbox.Publisher, cfg outbox.RelayConfig) *runningRelay {
 	t.Helper()
-	r, err := outbox.NewRelay(o.ob, pub, cfg)
+	return o.startRelayOn(t, o.ob, pub, cfg)
+}
+
+// startRelayOn is startRelay through ob (e.g. o.relayOutbox: the test's
+// table through a pool of the relay's own).
+func (o *obEnv) startRelayOn(t testing.TB, ob *outbox.Outbox, pub outbox.Publisher, cfg outbox.RelayConfig) *runningRelay {
+	t.Helper()
+	r, err := outbox.NewRelay(ob, pub, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,6 +271,7 @@ func (tr *tracker) snapshot() (count map[uuid.UUID]int, byRelay map[string]int, 
 // row per message, in the handler's transaction.
 type downstream struct {
 	table   string
+	group   string // the consumer group (and dedup scope)
 	metrics *consumer.Counters
 	mu      sync.Mutex
 	calls   map[string]int
@@ -276,8 +284,8 @@ func (o *obEnv) startDownstream(t testing.TB, topic string) *downstream {
 	tbl := o.table(randomName("effects_"))
 	o.exec(`create table ` + tbl + ` (n bigint generated always as identity primary key,
   message_id text not null, key text not null, payload text not null)`)
-	d := &downstream{table: tbl, metrics: &consumer.Counters{}, calls: map[string]int{}, done: make(chan error, 1)}
 	group := randomName("ob-down-")
+	d := &downstream{table: tbl, group: group, metrics: &consumer.Counters{}, calls: map[string]int{}, done: make(chan error, 1)}
 	src, err := kafkaadapter.NewSource(kafkaadapter.Config{Reader: kafka.ReaderConfig{
 		Brokers: kafkaBrokers(t), GroupID: group, Topic: topic, StartOffset: kafka.FirstOffset,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: time.Second, RebalanceTimeout: 6 * time.Second,

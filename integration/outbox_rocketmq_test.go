@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/rocketmqpub"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -49,9 +49,10 @@ func obRocketTopic(t testing.TB, nameServers []string) string {
 	return topic
 }
 
-// The relay publishes to RocketMQ: the message ID travels as the message-id
-// user property, the row key as Keys; a batch whose mark is lost is
-// republished and the idemq consumer's dedup absorbs every copy.
+// The relay publishes to RocketMQ: a batch whose mark is lost is republished
+// and the idemq consumer's dedup absorbs every copy. (How rocketmqpub stores an
+// envelope, the message-id property, Keys and the body, byte for byte on every
+// copy, is TestPublisherConformanceRocketMQ's.)
 func TestRelayRocketMQ(t *testing.T) {
 	t.Parallel()
 	rlog.SetLogLevel("error")
@@ -63,8 +64,6 @@ func TestRelayRocketMQ(t *testing.T) {
 	o.exec(`create table ` + eff + ` (message_id text not null, key text not null, body text not null)`)
 	var mu sync.Mutex
 	calls := map[string]int{}
-	type seen struct{ keys, body string }
-	copies := map[string][]seen{}
 	metrics := &consumer.Counters{}
 	group := randomName("ob_rmq_")
 	c, err := consumer.New(consumer.Config{Scope: group, Store: o.store, Metrics: metrics,
@@ -89,10 +88,7 @@ func TestRelayRocketMQ(t *testing.T) {
 	}
 	err = pc.Subscribe(topic, rmqconsumer.MessageSelector{}, func(_ context.Context, msgs ...*primitive.MessageExt) (rmqconsumer.ConsumeResult, error) {
 		for _, m := range msgs {
-			id := m.GetProperty(outbox.DefaultMessageIDHeader)
-			mu.Lock()
-			copies[id] = append(copies[id], seen{keys: m.GetKeys(), body: string(m.Body)})
-			mu.Unlock()
+			id := m.GetProperty(wire.MessageIDHeader)
 			pos := fmt.Sprintf("rocketmq:%s/%s/%d/%d", m.Topic, m.Queue.BrokerName, m.Queue.QueueId, m.QueueOffset)
 			d := consumer.Delivery{
 				Message: &dedup.Message{Topic: m.Topic, Key: []byte(m.GetKeys()), Payload: m.Body,
@@ -138,19 +134,20 @@ func TestRelayRocketMQ(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var lost atomic.Int64
+	// The relay's first batch is published and its mark is lost (its claim
+	// transaction's backend terminated), as after a crash there.
+	var fired atomic.Int32
 	cfg := fastRelay("relay-rmq")
 	cfg.BatchSize, cfg.MaxKeys = 10, 4
-	cfg.Hooks.AfterPublish = func(_ context.Context, _ pgx.Tx, published []outbox.Envelope) error {
-		if lost.CompareAndSwap(0, int64(len(published))) {
-			return errors.New("crash between publish and mark (injected)")
-		}
-		return nil
-	}
-	rr := o.startRelay(t, pub, cfg)
+	app := randomName("relay-rmq-")
+	ml := &markLoss{o: o, app: app, fired: &fired}
+	rr := o.startRelayOn(t, o.relayOutbox(t, app), ml.wrap(pub), cfg)
 	eventually(t, 60*time.Second, "40 rows marked", func() bool { return o.stats(t).Published == 40 })
+	ml.check(t)
+	lost := &ml.acked
 	eventually(t, 90*time.Second, "40 effects", func() bool { return o.count(`select count(*) from `+eff) >= 40 })
-	time.Sleep(2 * time.Second)
+	eventually(t, 90*time.Second, "the republished copies of the rows whose mark was lost absorbed downstream",
+		func() bool { return lost.Load() > 0 && metrics.Get("duplicate") >= lost.Load() })
 	rr.stop(t)
 
 	if n := o.count(`select count(distinct message_id) from ` + eff); n != 40 || o.count(`select count(*) from `+eff) != 40 {
@@ -158,26 +155,13 @@ func TestRelayRocketMQ(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	republished := 0
 	for i, id := range ids {
 		if calls[id.String()] != 1 {
 			t.Fatalf("row %d (%s): handler calls %d, want 1", i, id, calls[id.String()])
 		}
-		cs := copies[id.String()]
-		if len(cs) == 0 {
-			t.Fatalf("row %d never received", i)
-		}
-		for _, s := range cs {
-			if s.keys != string(msgs[i].Key) || s.body != string(msgs[i].Payload) {
-				t.Fatalf("row %d copy: keys %q body %q, want %q %q", i, s.keys, s.body, msgs[i].Key, msgs[i].Payload)
-			}
-		}
-		if len(cs) > 1 {
-			republished++
-		}
 	}
-	if int(lost.Load()) == 0 || republished < int(lost.Load()) || metrics.Get("duplicate") < lost.Load() {
-		t.Fatalf("lost mark of %d rows: %d rows received more than once, %d duplicates absorbed", lost.Load(), republished, metrics.Get("duplicate"))
+	if lost.Load() == 0 || metrics.Get("duplicate") < lost.Load() {
+		t.Fatalf("lost mark of %d rows: %d duplicates absorbed, want at least as many", lost.Load(), metrics.Get("duplicate"))
 	}
-	t.Logf("mark lost for %d rows; %d rows received more than once; duplicates absorbed %d", lost.Load(), republished, metrics.Get("duplicate"))
+	t.Logf("mark lost for %d rows; duplicates absorbed %d", lost.Load(), metrics.Get("duplicate"))
 }

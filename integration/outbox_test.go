@@ -15,6 +15,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -112,35 +113,6 @@ func TestOutboxS15DuplicateInputPublishesNothingNew(t *testing.T) {
 	}
 }
 
-// terminateOnce returns an AfterPublish hook that, the first time a batch
-// holding id was published, terminates the claim transaction's backend (as a
-// Postgres restart would), so the mark fails after the publish.
-// onFire, if not nil, runs after the backend is gone (e.g. to stop the relay,
-// as if its process died there).
-func terminateOnce(o *obEnv, id uuid.UUID, fired *atomic.Int32, onFire func()) func(ctx context.Context, tx pgx.Tx, published []outbox.Envelope) error {
-	return func(ctx context.Context, tx pgx.Tx, published []outbox.Envelope) error {
-		hit := false
-		for _, e := range published {
-			hit = hit || e.ID == id
-		}
-		if !hit || !fired.CompareAndSwap(0, 1) {
-			return nil
-		}
-		var pid int
-		if err := tx.QueryRow(ctx, `select pg_backend_pid()`).Scan(&pid); err != nil {
-			return err
-		}
-		if _, err := o.pool.Exec(ctx, `select pg_terminate_backend($1)`, pid); err != nil {
-			return err
-		}
-		if onFire != nil {
-			onFire()
-		}
-		fired.Store(2)
-		return nil
-	}
-}
-
 // S16: published, but marking failed.
 func TestOutboxS16PublishedButMarkFailed(t *testing.T) {
 	t.Parallel()
@@ -156,15 +128,18 @@ func TestOutboxS16PublishedButMarkFailed(t *testing.T) {
 		tr := newTracker(obKafkaPub(t))
 		cfg := fastRelay("relay-1")
 		cfg.BatchSize = 1 // E7 alone: the failed mark is E7's
-		// The relay "dies" right after its mark fails: its context ends in the
-		// hook, so it claims nothing more.
+		// The relay "dies" right after E7's publish, before its mark: its
+		// claim transaction's backend is terminated and its context ends,
+		// so it claims nothing more.
 		var r1 *runningRelay
 		var r1Ready = make(chan struct{})
-		cfg.Hooks.AfterPublish = terminateOnce(o, e7, &fired, func() { <-r1Ready; r1.kill() })
-		r1 = o.startRelay(t, tr.as("relay-1"), cfg)
+		app := randomName("relay-1-")
+		ml := &markLoss{o: o, app: app, id: e7, fired: &fired, onFire: func() { <-r1Ready; r1.kill() }}
+		r1 = o.startRelayOn(t, o.relayOutbox(t, app), ml.wrap(tr.as("relay-1")), cfg)
 		close(r1Ready)
-		eventually(t, 30*time.Second, "E7 published and its mark failed", func() bool { return fired.Load() == 2 })
+		eventually(t, 30*time.Second, "E7 published and its claim transaction broken", func() bool { return fired.Load() == 2 })
 		r1.stop(t)
+		ml.check(t)
 		row, err := o.ob.Get(o.ctx, e7)
 		if err != nil || row.PublishedAt != nil {
 			t.Fatalf("E7 after the failed mark: published_at %v, err %v; want unpublished", row.PublishedAt, err)
@@ -181,8 +156,8 @@ func TestOutboxS16PublishedButMarkFailed(t *testing.T) {
 		r2 := o.startRelay(t, tr.as("relay-2"), cfg2)
 		eventually(t, 30*time.Second, "E7 and E8 marked", func() bool { return o.stats(t).Published == 2 })
 		eventually(t, 60*time.Second, "E7 and E8 downstream", func() bool { return down.totalCalls() >= 2 })
-		time.Sleep(500 * time.Millisecond)
 		r2.stop(t)
+		down.settle(t, topic)
 
 		o.checkS16(t, topic, down, tr, e7, e8)
 		row7, _ := o.ob.Get(o.ctx, e7)
@@ -209,17 +184,23 @@ func TestOutboxS16PublishedButMarkFailed(t *testing.T) {
 		var fired atomic.Int32
 		tr := newTracker(obKafkaPub(t))
 		tr.rounds = true // this test covers the rounds path (plain Publishers)
+		var losses []*markLoss
 		for _, name := range []string{"relay-a", "relay-b"} {
 			cfg := fastRelay(name)
 			cfg.BatchSize, cfg.MaxKeys = 20, 4
-			cfg.Hooks.AfterPublish = terminateOnce(o, e7, &fired, nil)
-			o.startRelay(t, tr.as(name), cfg)
+			app := randomName(name + "-")
+			ml := &markLoss{o: o, app: app, id: e7, fired: &fired}
+			losses = append(losses, ml)
+			o.startRelayOn(t, o.relayOutbox(t, app), ml.wrap(tr.as(name)), cfg)
 		}
 		eventually(t, 60*time.Second, "all rows marked", func() bool { return o.stats(t).Published == int64(len(want)) })
 		eventually(t, 120*time.Second, "all rows downstream", func() bool { return down.totalCalls() >= len(want) })
-		time.Sleep(500 * time.Millisecond)
+		down.settle(t, topic)
 		if fired.Load() != 2 {
 			t.Fatal("the mark of E7's batch was never broken")
+		}
+		for _, ml := range losses {
+			ml.check(t)
 		}
 		o.checkS16(t, topic, down, tr, e7, e8)
 		o.checkEffects(t, down, want)
@@ -270,7 +251,7 @@ func (o *obEnv) checkS16(t testing.TB, topic string, down *downstream, tr *track
 	var ref []byte
 	for pi, part := range obReadAll(t, topic, 3) {
 		for _, m := range part {
-			switch header(m, "message-id") {
+			switch header(m, wire.MessageIDHeader) {
 			case e7.String():
 				if string(m.Key) != "order-7" || header(m, "event") != "E7" {
 					t.Fatalf("E7 copy at offset %d: key %q event %q", m.Offset, m.Key, header(m, "event"))
@@ -377,15 +358,29 @@ func TestOutboxRollbackLeavesNoRow(t *testing.T) {
 	if b, err := r.RunOnce(o.ctx); err != nil || b != (outbox.BatchResult{}) {
 		t.Fatalf("RunOnce = %+v, %v; want nothing", b, err)
 	}
+	// A running relay publishes nothing either: a sentinel row committed
+	// after the rollbacks is the only row it ever publishes (its mark is
+	// the durable proof that the relay has been through the table).
 	rr := o.startRelay(t, tr.as("relay-run"), fastRelay("relay-run"))
-	time.Sleep(time.Second)
+	tx, err := o.pool.Begin(o.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sentinel, err := o.ob.Add(o.ctx, tx, outbox.Message{Topic: topic, Payload: []byte("sentinel")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(o.ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "the sentinel row published", func() bool { return o.stats(t).Published == 1 })
 	rr.stop(t)
 	count, _, _, _ := tr.snapshot()
-	if len(count) != 0 {
-		t.Fatalf("published %d rows, want 0", len(count))
+	if len(count) != 1 || count[sentinel] != 1 {
+		t.Fatalf("published %v, want only the sentinel %s", count, sentinel)
 	}
-	if msgs := obReadAll(t, topic, 1); len(msgs[0]) != 0 {
-		t.Fatalf("topic holds %d messages, want 0", len(msgs[0]))
+	if msgs := obReadAll(t, topic, 1); len(msgs[0]) != 1 || string(msgs[0][0].Value) != "sentinel" {
+		t.Fatalf("topic holds %d messages, want only the sentinel", len(msgs[0]))
 	}
 }
 
@@ -576,7 +571,7 @@ func TestRelayParksAndUnparks(t *testing.T) {
 	var keyOrder []string
 	for _, m := range obReadAll(t, topic, 1)[0] {
 		if string(m.Key) == "key-00" {
-			keyOrder = append(keyOrder, header(m, "message-id"))
+			keyOrder = append(keyOrder, header(m, wire.MessageIDHeader))
 		}
 	}
 	var wantOrder []string
@@ -702,7 +697,7 @@ func TestOutboxAddStoresRows(t *testing.T) {
 		t.Fatalf("Get unknown: %v", err)
 	}
 	env := o.ob.Envelope(rows[0])
-	if env.Headers["message-id"] != ids[0].String() || env.Headers["causation-id"] != "s/m-1" || env.Headers["h"] != "v" {
+	if env.Headers[wire.MessageIDHeader] != ids[0].String() || env.Headers[wire.CausationHeader] != "s/m-1" || env.Headers["h"] != "v" {
 		t.Fatalf("envelope headers %v", env.Headers)
 	}
 

@@ -118,13 +118,7 @@ func (p *faultProxy) Dropped() int {
 // a generous deadline.
 func (p *faultProxy) WaitDropped(n int) {
 	p.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for p.Dropped() < n {
-		if time.Now().After(deadline) {
-			p.t.Fatalf("the proxy dropped %d replies, want %d: the armed request never came", p.Dropped(), n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually(p.t, 30*time.Second, "the proxy to drop "+strconv.Itoa(n)+" replies (the armed request)", func() bool { return p.Dropped() >= n })
 }
 
 // take reports whether req is the armed request, disarming the proxy.

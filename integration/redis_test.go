@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,12 +83,17 @@ func TestS11FastPathMissFallsThroughToPostgres(t *testing.T) {
 			e, _ := setupFast(t, client)
 			tbl := e.paymentsTable()
 			var calls atomic.Int64
+			inHandler, release := make(chan struct{}), make(chan struct{})
+			releaseOnce := sync.OnceFunc(func() { close(release) })
+			t.Cleanup(releaseOnce) // a failed wait must not leave the first copy's transaction open
 			slow := func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
-				calls.Add(1)
+				if calls.Add(1) == 1 {
+					close(inHandler)
+				}
 				if _, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ('p-11', 1)`); err != nil {
 					return err
 				}
-				time.Sleep(5 * time.Second)
+				<-release // still running while the copy arrives
 				return nil
 			}
 			first := make(chan error, 1)
@@ -98,13 +104,26 @@ func TestS11FastPathMissFallsThroughToPostgres(t *testing.T) {
 				}
 				first <- err
 			}()
-			time.Sleep(3 * time.Second)
-			res, err := e.store.Process(e.ctx, msg(t, "payments", "m-11", "", "x"), slow)
+			<-inHandler
+			type answer struct {
+				res dedup.Result
+				err error
+			}
+			second := make(chan answer, 1)
+			go func() {
+				res, err := e.store.Process(e.ctx, msg(t, "payments", "m-11", "", "x"), slow)
+				second <- answer{res, err}
+			}()
+			// The copy missed Redis and waits on the first copy's row lock
+			// in Postgres; then the first handler returns.
+			waitLockWaiter(t, e.pool, e.schema)
+			releaseOnce()
 			if ferr := <-first; ferr != nil {
 				t.Fatal(ferr)
 			}
-			if err != nil || res.Outcome != dedup.OutcomeDuplicate {
-				t.Fatalf("duplicate at 3s: %+v %v", res, err)
+			a := <-second
+			if res, err := a.res, a.err; err != nil || res.Outcome != dedup.OutcomeDuplicate {
+				t.Fatalf("copy while the first handler ran: %+v %v", res, err)
 			}
 			if calls.Load() != 1 || e.count(`select count(*) from `+tbl) != 1 || e.record("payments", "m-11").Status != dedup.StatusSucceeded {
 				t.Fatalf("calls %d, want 1 call, 1 row, SUCCEEDED", calls.Load())

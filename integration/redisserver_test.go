@@ -65,19 +65,11 @@ func (s *redisServer) start() {
 	s.cmd = cmd
 	c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1})
 	defer c.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	eventually(s.t, 30*time.Second, "redis-server on "+s.addr()+" to answer PING", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("redis-server on %s did not answer PING in 30s: %v", s.addr(), err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		defer cancel()
+		return c.Ping(ctx).Err() == nil
+	})
 }
 
 // stop shuts the server down (SIGTERM) and waits for it to exit: clients

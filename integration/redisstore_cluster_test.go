@@ -66,7 +66,11 @@ func TestRedisStoreOnRedisCluster(t *testing.T) {
 	ctx := context.Background()
 	ok := func(context.Context, *dedup.Message) error { return nil }
 	fail := func(context.Context, *dedup.Message) error { return errors.New("provider down") }
-	slow := func(context.Context, *dedup.Message) error { time.Sleep(400 * time.Millisecond); return nil } // two renewals
+	scripts := countScripts(c)
+	slow := func(context.Context, *dedup.Message) error { // runs through two renewals
+		scripts.waitMore(t, 2, "two lease renewals on the cluster")
+		return nil
+	}
 	opt := dedup.LeaseOptions{TTL: time.Second, Heartbeat: 150 * time.Millisecond}
 	steps := []struct {
 		mid, bk, payload string

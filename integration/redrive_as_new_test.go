@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq/broker/rocketmqadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 )
@@ -273,7 +274,7 @@ func TestRedriveAsNewPublishFailsThenRepeats(t *testing.T) {
 			if err != nil || res.Created || !res.Published || res.MessageID != derived || res.PublishedAt.IsZero() || res.RequestedAt.IsZero() {
 				t.Fatalf("second call: %+v, %v; want the audit of the first, published now", res, err)
 			}
-			if len(sent) != 2 || sent[1].MessageID != derived || string(sent[1].Payload) != `{"n":2}` || sent[1].Headers["message-id"] != "m-1" || sent[1].DeadLetterID != dls[0].ID {
+			if len(sent) != 2 || sent[1].MessageID != derived || string(sent[1].Payload) != `{"n":2}` || sent[1].Headers[wire.MessageIDHeader] != "m-1" || sent[1].DeadLetterID != dls[0].ID {
 				t.Fatalf("published %+v", sent)
 			}
 			res, err = st.RedriveAsNew(ctx, scope, dls[0].ID, opt)
@@ -353,7 +354,7 @@ func TestRocketMQRedriveAsNewCLI(t *testing.T) {
 			continue
 		}
 		if u := o.d.Message.Headers[primitive.PropertyUniqueClientMessageIdKeyIndex]; old == "" || u == "" || u == old ||
-			o.d.Message.Headers["message-id"] != derived || string(o.d.Message.Key) != "o-2" {
+			o.d.Message.Headers[wire.MessageIDHeader] != derived || string(o.d.Message.Key) != "o-2" {
 			t.Fatalf("re-driven copy: properties %v, key %q; dead letter's UNIQ_KEY %q", o.d.Message.Headers, o.d.Message.Key, old)
 		}
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -103,7 +104,7 @@ func rmqTrySend(p rocketmq.Producer, topic string, body []byte, messageID string
 		m.WithKeys(keys)
 	}
 	if messageID != "" {
-		m.WithProperty(rocketmqadapter.DefaultMessageIDProperty, messageID)
+		m.WithProperty(wire.MessageIDHeader, messageID)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -318,18 +319,14 @@ func (p *rmqOrdersProc) count(match func(rmqOrdersEvent) bool) int {
 
 func (p *rmqOrdersProc) waitFor(d time.Duration, what string, match func(rmqOrdersEvent) bool, n int) {
 	p.t.Helper()
-	deadline := time.Now().Add(d)
-	for p.count(match) < n {
+	eventually(p.t, d, p.name+": "+what, func() bool {
 		select {
 		case <-p.eof:
 			p.t.Fatalf("%s exited while waiting for %s", p.name, what)
 		default:
 		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("%s: timed out after %s waiting for %s", p.name, d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return p.count(match) >= n
+	})
 }
 
 // stop signals the process and reaps it once its output is read.
@@ -376,8 +373,11 @@ func testS06Resend(t *testing.T, otherInstance bool) {
 	e := setup(t, nil)
 	tbl := e.paymentsTable()
 	var calls, running, maxRunning atomic.Int64
+	started := make(chan struct{})
 	h := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
-		calls.Add(1)
+		if calls.Add(1) == 1 {
+			close(started)
+		}
 		n := running.Add(1)
 		defer running.Add(-1)
 		for {
@@ -386,7 +386,7 @@ func testS06Resend(t *testing.T, otherInstance bool) {
 				break
 			}
 		}
-		time.Sleep(5 * time.Second)
+		time.Sleep(5 * time.Second) // a long first attempt: the copy arrives meanwhile
 		_, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ($1, 9)`, m.Identity.BusinessKey)
 		return err
 	}
@@ -408,7 +408,7 @@ func testS06Resend(t *testing.T, otherInstance bool) {
 		r, _ := l.Consume(context.Background(), first)
 		firstDone <- ret{r, time.Now()}
 	}()
-	time.Sleep(2 * time.Second)
+	<-started // the first attempt runs
 	go func() {
 		r, _ := l2.Consume(context.Background(), copy1)
 		// The copy may only be acknowledged once the first outcome is
@@ -477,8 +477,12 @@ func testS06FirstFails(t *testing.T, otherInstance bool) {
 	e := setup(t, nil)
 	tbl := e.paymentsTable()
 	var calls, running, maxRunning atomic.Int64
+	started := make(chan struct{})
 	h := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 		n := calls.Add(1)
+		if n == 1 {
+			close(started)
+		}
 		for r := running.Add(1); ; {
 			m := maxRunning.Load()
 			if r <= m || maxRunning.CompareAndSwap(m, r) {
@@ -490,7 +494,7 @@ func testS06FirstFails(t *testing.T, otherInstance bool) {
 			return err
 		}
 		if n == 1 {
-			time.Sleep(5 * time.Second)
+			time.Sleep(5 * time.Second) // a long first attempt: the copy arrives meanwhile
 			return errors.New("billing provider timeout")
 		}
 		return nil
@@ -505,7 +509,7 @@ func testS06FirstFails(t *testing.T, otherInstance bool) {
 	copy1 := rmqRetryCopy(first, "billing", "O2", 0, 1)
 	firstDone, copyDone := make(chan rmqconsumer.ConsumeResult, 1), make(chan rmqconsumer.ConsumeResult, 1)
 	go func() { r, _ := l.Consume(context.Background(), first); firstDone <- r }()
-	time.Sleep(2 * time.Second)
+	<-started // the first attempt runs
 	go func() { r, _ := l2.Consume(context.Background(), copy1); copyDone <- r }()
 	if r := <-firstDone; r != rmqconsumer.ConsumeRetryLater {
 		t.Fatalf("failed first attempt answered %v, want ConsumeRetryLater", r)

@@ -12,6 +12,7 @@ import (
 	"github.com/idemq/idemq/broker/rocketmqadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -63,7 +64,7 @@ func testS20(t *testing.T, mode string) {
 	produce(t, topic, fillers(5)...)
 	blanks := []string{"", " ", "\t", " "}
 	for i, b := range blanks {
-		produce(t, topic, kmsg{payload: fmt.Sprintf(`{"order":"o-%d"}`, 5+i), headers: map[string]string{"message-id": b, "business-key": blanks[3-i]}})
+		produce(t, topic, kmsg{payload: fmt.Sprintf(`{"order":"o-%d"}`, 5+i), headers: map[string]string{wire.MessageIDHeader: b, "business-key": blanks[3-i]}})
 	}
 	calls := newCallCounter()
 	var counters consumer.Counters
@@ -154,7 +155,7 @@ func TestRocketMQS20BlankMessageIDProperty(t *testing.T) {
 	var uniq []string
 	for i, b := range []string{"", " ", "\t", " "} {
 		m := primitive.NewMessage(topic, []byte(fmt.Sprintf(`{"n":%d}`, i)))
-		m.WithProperty(rocketmqadapter.DefaultMessageIDProperty, b)
+		m.WithProperty(wire.MessageIDHeader, b)
 		m.WithProperty("order-id", " ")
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		res, err := p.SendSync(ctx, m)

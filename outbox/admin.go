@@ -65,9 +65,6 @@ type Row struct {
 // ErrNotFound is returned by Get when no row has the ID.
 var ErrNotFound = errors.New("idemq/outbox: row not found")
 
-const rowColumns = `seq, id, topic, key, headers, payload, causation_id, created_at, available_at,
-  attempts, coalesce(last_error, ''), last_error_at, last_attempt_at, parked_at, published_at, coalesce(published_by, '')`
-
 func scanRow(r pgx.Row) (Row, error) {
 	var row Row
 	err := r.Scan(&row.Seq, &row.ID, &row.Topic, &row.Key, &row.Headers, &row.Payload, &row.CausationID,
@@ -81,7 +78,7 @@ func (o *Outbox) Get(ctx context.Context, id uuid.UUID) (Row, error) {
 	if o.pool == nil {
 		return Row{}, ErrNoPool
 	}
-	row, err := scanRow(o.pool.QueryRow(ctx, `select `+rowColumns+` from `+o.q.table+` where id = $1`, id))
+	row, err := scanRow(o.pool.QueryRow(ctx, o.q.getSQL, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Row{}, ErrNotFound
 	}
@@ -94,17 +91,16 @@ func (o *Outbox) Get(ctx context.Context, id uuid.UUID) (Row, error) {
 // List returns up to limit rows (1 to 10,000) in seq order, starting after
 // seq afterSeq (0 for the start); pending selects only unpublished rows.
 func (o *Outbox) List(ctx context.Context, afterSeq int64, limit int, pending bool) ([]Row, error) {
-	cond := ""
+	query := o.q.listAllSQL
 	if pending {
-		cond = " and published_at is null"
+		query = o.q.listPendingSQL
 	}
-	return o.list(ctx, `select `+rowColumns+` from `+o.q.table+` where seq > $1`+cond+` order by seq limit $2`, afterSeq, limit)
+	return o.list(ctx, query, afterSeq, limit)
 }
 
 // Parked returns up to limit parked rows (1 to 10,000), oldest first.
 func (o *Outbox) Parked(ctx context.Context, limit int) ([]Row, error) {
-	return o.list(ctx, `select `+rowColumns+` from `+o.q.table+`
-where parked_at is not null and published_at is null and seq > $1 order by seq limit $2`, 0, limit)
+	return o.list(ctx, o.q.listParkedSQL, 0, limit)
 }
 
 func (o *Outbox) list(ctx context.Context, sql string, after int64, limit int) ([]Row, error) {
@@ -140,14 +136,12 @@ func (o *Outbox) Unpark(ctx context.Context, ids ...uuid.UUID) (int64, error) {
 	if o.pool == nil {
 		return 0, ErrNoPool
 	}
-	tag, err := o.pool.Exec(ctx, `update `+o.q.table+`
-set parked_at = null, attempts = 0, available_at = now()
-where id = any($1) and parked_at is not null and published_at is null`, ids)
+	tag, err := o.pool.Exec(ctx, o.q.unparkSQL, ids)
 	if err != nil {
 		return 0, fmt.Errorf("idemq/outbox: unpark: %w", err)
 	}
 	if tag.RowsAffected() > 0 {
-		_, _ = o.pool.Exec(ctx, `select pg_notify($1, '')`, o.q.channel)
+		_, _ = o.pool.Exec(ctx, o.q.notifySQL, o.q.channel)
 	}
 	return tag.RowsAffected(), nil
 }
@@ -186,15 +180,7 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 	var s Stats
 	var lagSecs float64
 	var lastErrorAt *time.Time
-	err := o.pool.QueryRow(ctx, `select
-  count(*) filter (where published_at is null and parked_at is null),
-  count(*) filter (where published_at is null and parked_at is null and last_error is not null),
-  count(*) filter (where published_at is null and parked_at is not null),
-  count(*) filter (where published_at is not null),
-  count(*) filter (where published_at is not null and last_error is not null),
-  max(last_error_at),
-  coalesce(extract(epoch from now() - min(created_at) filter (where published_at is null and parked_at is null)), 0)::float8
-from `+o.q.table).Scan(&s.Pending, &s.Failing, &s.Parked, &s.Published, &s.PublishedAfterFailure, &lastErrorAt, &lagSecs)
+	err := o.pool.QueryRow(ctx, o.q.statsSQL).Scan(&s.Pending, &s.Failing, &s.Parked, &s.Published, &s.PublishedAfterFailure, &lastErrorAt, &lagSecs)
 	if err != nil {
 		return Stats{}, fmt.Errorf("idemq/outbox: stats: %w", err)
 	}

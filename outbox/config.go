@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/idemq/idemq/wire"
 )
 
 // Config configures an Outbox. The zero value of every field means "use the
@@ -21,15 +23,21 @@ type Config struct {
 	Table string
 	// MessageIDHeader is the header (Kafka) or user property (RocketMQ) that
 	// carries a row's message ID (its UUIDv7, canonical text form) on
-	// publish. Default "message-id", the header idemq's broker adapters
-	// read. Add rejects messages that set it themselves.
+	// publish. Default wire.MessageIDHeader (message-id), the name idemq's
+	// broker adapters read. 1 to 255 bytes without NUL; must differ from
+	// CausationHeader. Add rejects messages that set it themselves.
 	MessageIDHeader string
 	// CausationHeader is the header that carries a row's causation ID (the
 	// dedup identity of the message whose handler wrote it) on publish, when
-	// the row has one. Default "causation-id"; "-" publishes no causation
-	// header (the column is still written). Add rejects messages that set
-	// it themselves.
+	// the row has one. Default wire.CausationHeader (causation-id). 1 to 255
+	// bytes without NUL; must differ from MessageIDHeader. Add rejects
+	// messages that set it themselves, unless DisableCausation is set.
 	CausationHeader string
+	// DisableCausation publishes no causation header: rows still store their
+	// causation ID (the causation_id column, Row.CausationID), and Add lets
+	// messages use the CausationHeader name as an ordinary header. Default
+	// false (publish it). With it set, CausationHeader must be left empty.
+	DisableCausation bool
 	// DisableNotify turns off the pg_notify that Add sends in the same
 	// statement, which wakes relays blocked in LISTEN as soon as the
 	// transaction commits. Default false (notify). Turn it off when many
@@ -41,16 +49,9 @@ type Config struct {
 var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
 
 // ErrInvalidConfig is wrapped by every configuration error of this package
-// (Config, RelayConfig).
+// (New's Config, NewRelay's RelayConfig and arguments); the error names the
+// field.
 var ErrInvalidConfig = errors.New("idemq/outbox: invalid config")
-
-// DefaultMessageIDHeader is the default Config.MessageIDHeader. It equals
-// kafkaadapter.DefaultMessageIDHeader, so an idemq consumer downstream dedups
-// relay republishes without configuration.
-const DefaultMessageIDHeader = "message-id"
-
-// DefaultCausationHeader is the default Config.CausationHeader.
-const DefaultCausationHeader = "causation-id"
 
 func (c Config) withDefaults() Config {
 	if c.Schema == "" {
@@ -60,22 +61,34 @@ func (c Config) withDefaults() Config {
 		c.Table = "outbox"
 	}
 	if c.MessageIDHeader == "" {
-		c.MessageIDHeader = DefaultMessageIDHeader
+		c.MessageIDHeader = wire.MessageIDHeader
 	}
-	if c.CausationHeader == "" {
-		c.CausationHeader = DefaultCausationHeader
+	if c.CausationHeader == "" && !c.DisableCausation {
+		c.CausationHeader = wire.CausationHeader
 	}
 	return c
 }
 
+// validate checks c after withDefaults. "-", the old way to turn causation
+// off, is refused with a pointer to DisableCausation.
 func (c Config) validate() error {
 	for _, f := range []struct{ name, v string }{{"Schema", c.Schema}, {"Table", c.Table}} {
 		if !identRe.MatchString(f.v) {
 			return fmt.Errorf("%w: %s %q must match %s", ErrInvalidConfig, f.name, f.v, identRe)
 		}
 	}
-	for _, f := range []struct{ name, v string }{{"MessageIDHeader", c.MessageIDHeader}, {"CausationHeader", c.CausationHeader}} {
-		if len(f.v) > 255 || strings.IndexByte(f.v, 0) >= 0 {
+	if c.CausationHeader == "-" {
+		return fmt.Errorf("%w: CausationHeader %q is a header name; to publish no causation header set DisableCausation", ErrInvalidConfig, c.CausationHeader)
+	}
+	if c.DisableCausation && c.CausationHeader != "" {
+		return fmt.Errorf("%w: CausationHeader %q is set together with DisableCausation; leave it empty", ErrInvalidConfig, c.CausationHeader)
+	}
+	headers := []struct{ name, v string }{{"MessageIDHeader", c.MessageIDHeader}}
+	if !c.DisableCausation {
+		headers = append(headers, struct{ name, v string }{"CausationHeader", c.CausationHeader})
+	}
+	for _, f := range headers {
+		if f.v == "" || len(f.v) > 255 || strings.IndexByte(f.v, 0) >= 0 {
 			return fmt.Errorf("%w: %s %q must be 1 to 255 bytes without NUL", ErrInvalidConfig, f.name, f.v)
 		}
 	}

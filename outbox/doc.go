@@ -47,9 +47,11 @@
 // message-id header or property) absorbs the copy with no user code.
 //
 // Publishers: outbox/kafkapub (kafka-go produce requests with acks=all, one
-// atomic record batch per partition, message ID in the "message-id" header)
-// and outbox/rocketmqpub (SendSync one message at a time, message ID as the
-// "message-id" user property, Keys = the row key).
+// atomic record batch per partition, message ID in the message-id header,
+// wire.MessageIDHeader) and outbox/rocketmqpub (SendSync one message at a
+// time, message ID as the message-id user property, Keys = the row key).
+// The header names are the wire package's, which idemq's broker adapters
+// read.
 //
 // # Order
 //
@@ -96,7 +98,7 @@
 // PollInterval is) while the relay reconnects in the background; the loss is
 // one warning in the log and RelayStats.ListenLost.
 // Published rows are deleted after RelayConfig.Retention, in batches of
-// RelayConfig.PurgeBatch.
+// RelayConfig.PurgeBatch, unless RelayConfig.DisablePurge is set.
 //
 // # Shutdown
 //
@@ -104,11 +106,20 @@
 // batches publish and mark for up to RelayConfig.ShutdownGrace, closes its
 // LISTEN connection and returns.
 //
-// # Fault injection
+// # Scheduling it yourself
 //
-// RelayConfig.Hooks.AfterPublish runs between the publish and the mark; tests
-// and the order-pipeline demo use it to kill the process or its database
-// connection exactly there (scenario S16 of the integration tests).
-// RelayConfig.Hooks.BeforeListen runs before each LISTEN (re)connect; tests
-// use it to hold the LISTEN connection down.
+// Relay.RunOnce claims, publishes and marks one batch and returns: what each
+// worker of Run does in a loop. Call it to drain the outbox from a cron job or
+// a serverless function (`idemq relay -once` does so until a batch claims
+// nothing), or from a benchmark. It may run beside Run and other relays.
+//
+// # Crashes between publish and mark
+//
+// The window that matters is after a publish and before the mark: the
+// integration tests (scenario S16) terminate the claim transaction's backend
+// right after a publish, found in pg_stat_activity by the relay's
+// application_name, and the order-pipeline demo kills its relay process
+// there by wrapping its Publisher. Neither needs a hook in the relay. The
+// package's own tests hold the LISTEN connection down through unexported
+// test signals (River's testSignals pattern).
 package outbox

@@ -36,11 +36,12 @@ type Message struct {
 	// Headers become Kafka headers or RocketMQ user properties. Names must be
 	// non-empty, and neither names nor values may hold NUL (Postgres jsonb
 	// cannot store it). The message-ID and causation header names
-	// (Config.MessageIDHeader, Config.CausationHeader) are reserved: the
-	// relay sets them. When Add's ctx carries a valid OpenTelemetry span and
-	// Headers has no "traceparent", Add stores the W3C "traceparent" (and
-	// "tracestate") of that span with the row, so the consumer of the
-	// message continues the trace.
+	// (Config.MessageIDHeader, Config.CausationHeader unless
+	// Config.DisableCausation) are reserved: the relay sets them. When Add's
+	// ctx carries a valid OpenTelemetry span and Headers has no
+	// wire.TraceparentHeader, Add stores the W3C traceparent (and
+	// tracestate) of that span with the row, so the consumer of the message
+	// continues the trace.
 	Headers map[string]string
 	// Payload is the message body, published byte for byte. Nil is stored
 	// as NULL and published as no value (a Kafka tombstone when Key is set;
@@ -48,7 +49,8 @@ type Message struct {
 	Payload []byte
 	// CausationID is the dedup identity of the message whose handler wrote
 	// this row, for tracing (see Causation); "" when none. Stored in the
-	// causation_id column and published in Config.CausationHeader. At most
+	// causation_id column and published in Config.CausationHeader (unless
+	// Config.DisableCausation). At most
 	// 1024 bytes of UTF-8 without NUL.
 	CausationID string
 	// Delay holds the row back: it is not published before the database's
@@ -128,7 +130,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Outbox, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Outbox{pool: pool, cfg: cfg, q: newQueries(cfg)}, nil
+	q, err := newQueries(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Outbox{pool: pool, cfg: cfg, q: q}, nil
 }
 
 // Config returns the outbox configuration with defaults applied.
@@ -273,7 +279,7 @@ func (o *Outbox) validate(m *Message) error {
 			return fmt.Errorf("%w: header name %q must be non-empty UTF-8 without NUL", ErrInvalidMessage, clip(k, 64))
 		case strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v):
 			return fmt.Errorf("%w: header %q value must be UTF-8 without NUL", ErrInvalidMessage, clip(k, 64))
-		case k == o.cfg.MessageIDHeader || (k == o.cfg.CausationHeader && o.cfg.CausationHeader != "-"):
+		case k == o.cfg.MessageIDHeader || (k == o.cfg.CausationHeader && !o.cfg.DisableCausation):
 			return fmt.Errorf("%w: header %q is reserved: the relay sets it", ErrInvalidMessage, k)
 		}
 	}
@@ -282,7 +288,7 @@ func (o *Outbox) validate(m *Message) error {
 
 // Envelope returns the envelope the relay publishes for row: its headers plus
 // the message-ID header and, when the row has a causation ID and
-// Config.CausationHeader is not "-", the causation header. Every publish of a
+// Config.DisableCausation is false, the causation header. Every publish of a
 // row (first publish and republishes) uses the same envelope.
 func (o *Outbox) Envelope(row Row) Envelope {
 	h := make(map[string]string, len(row.Headers)+2)
@@ -290,7 +296,7 @@ func (o *Outbox) Envelope(row Row) Envelope {
 		h[k] = v
 	}
 	h[o.cfg.MessageIDHeader] = row.ID.String()
-	if row.CausationID != "" && o.cfg.CausationHeader != "-" {
+	if row.CausationID != "" && !o.cfg.DisableCausation {
 		h[o.cfg.CausationHeader] = row.CausationID
 	}
 	var key []byte

@@ -41,6 +41,9 @@ type Relay struct {
 	cursorKey []byte
 
 	batches, claimed, published, failed, parked, purged, dbErrors, listenLost atomic.Int64
+
+	// testSignals are set only by this package's tests.
+	testSignals testSignals
 }
 
 // NewRelay validates cfg and returns a relay for ob's table publishing
@@ -48,7 +51,7 @@ type Relay struct {
 // no pool; errors wrapping ErrInvalidConfig.
 func NewRelay(ob *Outbox, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if ob == nil || pub == nil {
-		return nil, fmt.Errorf("%w: NewRelay needs an Outbox and a Publisher", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: NewRelay needs a non-nil ob (*Outbox) and pub (Publisher)", ErrInvalidConfig)
 	}
 	if ob.pool == nil {
 		return nil, ErrNoPool
@@ -111,7 +114,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer r.running.Store(false)
-	if _, err := r.ob.pool.Exec(ctx, `select 1 from `+r.ob.q.table+` limit 0`); err != nil {
+	if _, err := r.ob.pool.Exec(ctx, r.ob.q.probeSQL); err != nil {
 		return fmt.Errorf("idemq/outbox: relay: outbox table %s: %w", r.ob.q.table, err)
 	}
 
@@ -136,7 +139,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.listen(ctx) }()
 	}
-	if r.cfg.Retention >= 0 {
+	if !r.cfg.DisablePurge {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.purgeLoop(ctx) }()
 	}
@@ -267,7 +270,7 @@ func (r *Relay) listen(ctx context.Context) {
 // listenOnce makes the LISTEN connection, calls up once it listens, and
 // wakes the workers on each notification until the connection fails.
 func (r *Relay) listenOnce(ctx context.Context, up func()) error {
-	if h := r.cfg.Hooks.BeforeListen; h != nil {
+	if h := r.testSignals.beforeListen; h != nil {
 		if err := h(ctx); err != nil {
 			return fmt.Errorf("idemq/outbox: before-listen hook: %w", err)
 		}
@@ -332,11 +335,17 @@ type BatchResult struct {
 }
 
 // RunOnce claims one batch, publishes it and marks it, in one transaction,
-// and reports what happened; a zero BatchResult means nothing was ready. It
-// is what each worker of Run does in a loop, exported for tests, benchmarks
-// and custom schedulers. It may run concurrently with Run and other relays.
-// A non-nil error means the batch was lost to a database error (its rows
-// will be published again) or the AfterPublish hook failed.
+// and reports what happened; a zero BatchResult means nothing was ready (no
+// unpublished row whose time has come, or every ready key held by another
+// relay). It is what each worker of Run does in a loop, for callers that
+// schedule the relay themselves: a one-shot drain from cron or a serverless
+// function (`idemq relay -once` calls it until a batch claims nothing), or a
+// benchmark. It may run concurrently with Run and other relays, needs no Run,
+// and does not purge. Failed publishes are recorded on their rows (retry
+// time, attempts, parking) exactly as under Run. A non-nil error means the
+// batch was lost to a database error (the claim, the mark or the commit
+// failed): its rows will be published again; it is counted in
+// RelayStats.DBErrors.
 func (r *Relay) RunOnce(ctx context.Context) (BatchResult, error) {
 	res, err := r.runBatch(ctx)
 	if err != nil {
@@ -384,15 +393,6 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	// was published is recorded, so a graceful shutdown republishes nothing.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if h := r.cfg.Hooks.AfterPublish; h != nil && len(published) > 0 {
-		envs := make([]Envelope, len(published))
-		for i, it := range published {
-			envs[i] = it.env
-		}
-		if err := h(mctx, tx, envs); err != nil {
-			return res, fmt.Errorf("idemq/outbox: after-publish hook: %w", err)
-		}
-	}
 	if len(published) > 0 {
 		seqs := make([]int64, len(published))
 		for i, it := range published {

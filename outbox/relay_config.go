@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // RelayConfig configures a Relay. Every zero value means the default given in
@@ -78,9 +76,15 @@ type RelayConfig struct {
 	// least 64.
 	MaxErrorBytes int
 	// Retention is how long published rows are kept before the relay purges
-	// them (database time). Default 24h. Negative: never purge. Zero means
-	// the default; use 1ns to purge at once.
+	// them (database time): a purge deletes rows published more than
+	// Retention ago. Default 24h; must not be negative (zero means the
+	// default). Set DisablePurge to keep rows forever.
 	Retention time.Duration
+	// DisablePurge turns the relay's purge off: published rows are kept
+	// until someone deletes them (Outbox.Purge, or SQL). Default false
+	// (purge every PurgeInterval). With it set, Retention, PurgeInterval
+	// and PurgeBatch must be left zero.
+	DisablePurge bool
 	// PurgeInterval is how often the relay purges. Default 1m; at least 1s.
 	PurgeInterval time.Duration
 	// PurgeBatch is how many rows one purge statement deletes; a purge runs
@@ -93,26 +97,16 @@ type RelayConfig struct {
 	// Logger receives warnings (failed publishes, database errors) and
 	// errors (parked rows). Default slog.Default().
 	Logger *slog.Logger
-	// Hooks are fault-injection points for tests and demos. Default none.
-	Hooks Hooks
 }
 
-// Hooks let tests and demos inject failures at the points where a relay's
-// correctness is at stake. Leave them nil in production.
-type Hooks struct {
-	// AfterPublish runs after the rows of a batch were published and before
-	// they are marked published, in the claim transaction tx (which still
-	// holds the rows' locks). A non-nil error rolls the transaction back:
-	// the rows stay unpublished and are published again later with the same
-	// message IDs and bytes, as after a crash at that point. A hook may
-	// also kill the process or terminate tx's backend.
-	AfterPublish func(ctx context.Context, tx pgx.Tx, published []Envelope) error
-	// BeforeListen runs before each attempt to make the LISTEN connection
+// testSignals are fault-injection points set only by this package's tests
+// (River's testSignals pattern); the zero value injects nothing.
+type testSignals struct {
+	// beforeListen runs before each attempt to make the LISTEN connection
 	// (the first, and every reconnect after a loss). A non-nil error fails
-	// that attempt as a lost connection would: the workers poll every
-	// FallbackPollInterval and the relay tries again after its backoff.
-	// It may block to hold the connection down (until ctx ends).
-	BeforeListen func(ctx context.Context) error
+	// that attempt as a lost connection would. It may block to hold the
+	// connection down (until ctx ends).
+	beforeListen func(ctx context.Context) error
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -142,9 +136,11 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	def(&c.RetryMax, 5*time.Minute)
 	defInt(&c.MaxAttempts, 25)
 	defInt(&c.MaxErrorBytes, 2048)
-	def(&c.Retention, 24*time.Hour)
-	def(&c.PurgeInterval, time.Minute)
-	defInt(&c.PurgeBatch, 1000)
+	if !c.DisablePurge {
+		def(&c.Retention, 24*time.Hour)
+		def(&c.PurgeInterval, time.Minute)
+		defInt(&c.PurgeBatch, 1000)
+	}
 	def(&c.ShutdownGrace, 10*time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -177,12 +173,18 @@ func (c RelayConfig) validate() error {
 		return bad("MaxAttempts %d must be 1 to 1000000", c.MaxAttempts)
 	case c.MaxErrorBytes < 64:
 		return bad("MaxErrorBytes %d must be at least 64", c.MaxErrorBytes)
+	case c.ShutdownGrace < 0:
+		return bad("ShutdownGrace %s must not be negative", c.ShutdownGrace)
+	case c.DisablePurge && (c.Retention != 0 || c.PurgeInterval != 0 || c.PurgeBatch != 0):
+		return bad("Retention %s, PurgeInterval %s and PurgeBatch %d must be left zero with DisablePurge", c.Retention, c.PurgeInterval, c.PurgeBatch)
+	case c.DisablePurge:
+		// nothing more to check: the relay does not purge
+	case c.Retention < 0:
+		return bad("Retention %s must not be negative; to keep published rows forever set DisablePurge", c.Retention)
 	case c.PurgeInterval < time.Second:
 		return bad("PurgeInterval %s must be at least 1s", c.PurgeInterval)
 	case c.PurgeBatch < 1 || c.PurgeBatch > 100_000:
 		return bad("PurgeBatch %d must be 1 to 100000", c.PurgeBatch)
-	case c.ShutdownGrace < 0:
-		return bad("ShutdownGrace %s must not be negative", c.ShutdownGrace)
 	}
 	return nil
 }

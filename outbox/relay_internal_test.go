@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/idemq/idemq/wire"
 )
 
 func env(topic, key string, n int) item {
@@ -188,13 +189,32 @@ func TestPerEnvelopeMapsErrors(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
-	for _, c := range []Config{
-		{Schema: "Bad"}, {Table: "x;drop"}, {Schema: strings.Repeat("a", 41)},
-		{MessageIDHeader: "h", CausationHeader: "h"},
+	// Every error wraps ErrInvalidConfig and names the field at fault.
+	for _, tc := range []struct {
+		c     Config
+		field string
+	}{
+		{Config{Schema: "Bad"}, "Schema"},
+		{Config{Table: "x;drop"}, "Table"},
+		{Config{Schema: strings.Repeat("a", 41)}, "Schema"},
+		{Config{MessageIDHeader: "h", CausationHeader: "h"}, "CausationHeader"},
+		{Config{MessageIDHeader: strings.Repeat("h", 256)}, "MessageIDHeader"},
+		{Config{CausationHeader: "a\x00b"}, "CausationHeader"},
+		// "-" used to mean "no causation header"; it is refused now, with a
+		// pointer to the explicit field.
+		{Config{CausationHeader: "-"}, "DisableCausation"},
+		{Config{CausationHeader: "cause", DisableCausation: true}, "DisableCausation"},
 	} {
-		if _, err := New(nil, c); !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", c, err)
+		_, err := New(nil, tc.c)
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(fmt.Sprint(err), tc.field) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig naming %s", tc.c, err, tc.field)
 		}
+	}
+	if c := mustNew(t, Config{}).Config(); c.MessageIDHeader != wire.MessageIDHeader || c.CausationHeader != wire.CausationHeader || c.DisableCausation {
+		t.Fatalf("header defaults = %q %q %v, want the wire names", c.MessageIDHeader, c.CausationHeader, c.DisableCausation)
+	}
+	if c := mustNew(t, Config{DisableCausation: true}).Config(); c.CausationHeader != "" {
+		t.Fatalf("CausationHeader with DisableCausation = %q, want empty", c.CausationHeader)
 	}
 	o, err := New(nil, Config{Schema: strings.Repeat("s", 40), Table: strings.Repeat("t", 40)})
 	if err != nil {
@@ -206,16 +226,38 @@ func TestConfigValidation(t *testing.T) {
 	if ch := (Config{Schema: "idemq", Table: "outbox"}).channel(); ch != "idemq_outbox:idemq.outbox" {
 		t.Fatalf("channel %q", ch)
 	}
-	for _, rc := range []RelayConfig{
-		{BatchSize: -1}, {BatchSize: 10_001}, {Workers: 65}, {PollInterval: time.Millisecond},
-		{PublishTimeout: time.Millisecond}, {RetryInitial: time.Minute, RetryMax: time.Second},
-		{MaxAttempts: -1}, {MaxErrorBytes: 10}, {PurgeInterval: time.Millisecond}, {PurgeBatch: -5},
-		{ShutdownGrace: -time.Second}, {Name: strings.Repeat("n", 256)}, {BatchSize: 10, MaxKeys: 11}, {MaxKeys: -1},
-		{FallbackPollInterval: time.Millisecond}, {PollInterval: time.Second, FallbackPollInterval: 2 * time.Second},
+	for _, tc := range []struct {
+		rc    RelayConfig
+		field string
+	}{
+		{RelayConfig{BatchSize: -1}, "BatchSize"}, {RelayConfig{BatchSize: 10_001}, "BatchSize"},
+		{RelayConfig{Workers: 65}, "Workers"}, {RelayConfig{PollInterval: time.Millisecond}, "PollInterval"},
+		{RelayConfig{PublishTimeout: time.Millisecond}, "PublishTimeout"},
+		{RelayConfig{RetryInitial: time.Minute, RetryMax: time.Second}, "RetryMax"},
+		{RelayConfig{MaxAttempts: -1}, "MaxAttempts"}, {RelayConfig{MaxErrorBytes: 10}, "MaxErrorBytes"},
+		{RelayConfig{PurgeInterval: time.Millisecond}, "PurgeInterval"}, {RelayConfig{PurgeBatch: -5}, "PurgeBatch"},
+		{RelayConfig{ShutdownGrace: -time.Second}, "ShutdownGrace"}, {RelayConfig{Name: strings.Repeat("n", 256)}, "Name"},
+		{RelayConfig{BatchSize: 10, MaxKeys: 11}, "MaxKeys"}, {RelayConfig{MaxKeys: -1}, "MaxKeys"},
+		{RelayConfig{FallbackPollInterval: time.Millisecond}, "FallbackPollInterval"},
+		{RelayConfig{PollInterval: time.Second, FallbackPollInterval: 2 * time.Second}, "FallbackPollInterval"},
+		// A negative Retention used to mean "never purge": refused now, with
+		// a pointer to the explicit field.
+		{RelayConfig{Retention: -time.Second}, "DisablePurge"},
+		{RelayConfig{DisablePurge: true, Retention: time.Hour}, "DisablePurge"},
+		{RelayConfig{DisablePurge: true, PurgeInterval: time.Hour}, "DisablePurge"},
+		{RelayConfig{DisablePurge: true, PurgeBatch: 10}, "DisablePurge"},
+		{RelayConfig{DisablePurge: true, ShutdownGrace: -time.Second}, "ShutdownGrace"},
 	} {
-		if err := rc.withDefaults().validate(); !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("RelayConfig %+v: %v, want ErrInvalidConfig", rc, err)
+		err := tc.rc.withDefaults().validate()
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(fmt.Sprint(err), tc.field) {
+			t.Errorf("RelayConfig %+v: %v, want ErrInvalidConfig naming %s", tc.rc, err, tc.field)
 		}
+	}
+	if d := (RelayConfig{DisablePurge: true}).withDefaults(); d.validate() != nil || d.Retention != 0 || d.PurgeInterval != 0 || d.PurgeBatch != 0 {
+		t.Fatalf("DisablePurge: %+v, %v; want valid, with no purge settings", d, d.validate())
+	}
+	if _, err := NewRelay(nil, PublisherFunc(nil), RelayConfig{}); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("NewRelay(nil, …) = %v, want ErrInvalidConfig", err)
 	}
 	d := RelayConfig{}.withDefaults()
 	if d.BatchSize != 500 || d.MaxKeys != 500 || d.Workers != 1 || d.PollInterval != time.Second || d.MaxAttempts != 25 ||
@@ -249,8 +291,8 @@ func TestMessageValidation(t *testing.T) {
 		{Topic: "t", Key: make([]byte, MaxKeyBytes+1)},
 		{Topic: "t", Headers: map[string]string{"": "x"}},
 		{Topic: "t", Headers: map[string]string{"h": "a\x00"}},
-		{Topic: "t", Headers: map[string]string{"message-id": "mine"}},
-		{Topic: "t", Headers: map[string]string{"causation-id": "mine"}},
+		{Topic: "t", Headers: map[string]string{wire.MessageIDHeader: "mine"}},
+		{Topic: "t", Headers: map[string]string{wire.CausationHeader: "mine"}},
 		{Topic: "t", CausationID: string([]byte{0xff})},
 		{Topic: "t", Delay: -time.Second},
 	}
@@ -262,9 +304,19 @@ func TestMessageValidation(t *testing.T) {
 	if _, err := o.AddBatch(context.Background(), nil, []Message{ok}); !errors.Is(err, ErrNilTx) {
 		t.Fatalf("nil tx: %v", err)
 	}
-	noCause, _ := New(nil, Config{CausationHeader: "-"})
-	if err := noCause.validate(&Message{Topic: "t", Headers: map[string]string{"causation-id": "free"}}); err != nil {
+	noCause := mustNew(t, Config{DisableCausation: true})
+	if err := noCause.validate(&Message{Topic: "t", Headers: map[string]string{wire.CausationHeader: "free"}}); err != nil {
 		t.Fatalf("causation header free when disabled: %v", err)
+	}
+	// With DisableCausation the envelope carries no causation header, and
+	// the row's own header of that name (allowed above) passes through.
+	env := noCause.Envelope(Row{Topic: "t", CausationID: "s/m-1", Headers: map[string]string{"h": "v"}})
+	if _, ok := env.Headers[wire.CausationHeader]; ok || env.Headers["h"] != "v" || env.Headers[wire.MessageIDHeader] == "" {
+		t.Fatalf("envelope headers with DisableCausation = %v", env.Headers)
+	}
+	env = mustNew(t, Config{}).Envelope(Row{Topic: "t", CausationID: "s/m-1"})
+	if env.Headers[wire.CausationHeader] != "s/m-1" {
+		t.Fatalf("envelope headers = %v, want the causation header", env.Headers)
 	}
 }
 
@@ -350,4 +402,13 @@ func TestPublishChainsUsesChainPublisher(t *testing.T) {
 	if _, failed := publishChains(context.Background(), silent, chains, time.Second); len(failed) != 1 || failed[0].err == nil {
 		t.Fatalf("silent partial: %+v", failed)
 	}
+}
+
+func mustNew(t *testing.T, c Config) *Outbox {
+	t.Helper()
+	o, err := New(nil, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
 }

@@ -3,10 +3,10 @@
 //
 // # Identity
 //
-// The message ID is the value of the "message-id" header
-// ([Config.MessageIDHeader]), as set by idemq's outbox relay or any producer that
+// The message ID is the value of the message-id header (wire.MessageIDHeader,
+// [Config.MessageIDHeader]), as set by idemq's outbox relay or any producer that
 // stamps one. A message without it, or whose value is blank ("", " ", "\t",
-// any white space: dedup.IsBlank), gets the position identity
+// any white space: wire.IsBlank), gets the position identity
 // "kafka:<topic>/<partition>/<offset>", stable across consumer redelivery but
 // not across producer retries: give producers a message-id header or a
 // business key (consumer.Config.BusinessKey) to catch those. The record key

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/wire"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -14,7 +15,7 @@ func TestToDeliveryBlankHeaderFallsBackToPosition(t *testing.T) {
 	for i, blank := range []string{"", " ", "\t", " ", "\u00a0\u2003"} {
 		off := int64(5 + i)
 		m := kafka.Message{Topic: "orders", Partition: 0, Offset: off, Value: []byte(`{}`),
-			Headers: []kafka.Header{{Key: "message-id", Value: []byte(blank)}}}
+			Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte(blank)}}}
 		d := ToDelivery(m, "")
 		if d.MessageID != "" {
 			t.Fatalf("header %q: MessageID = %q, want absent", blank, d.MessageID)
@@ -25,7 +26,7 @@ func TestToDeliveryBlankHeaderFallsBackToPosition(t *testing.T) {
 		}
 		seen[id.MessageID] = true
 	}
-	if d := ToDelivery(kafka.Message{Topic: "orders", Headers: []kafka.Header{{Key: "message-id", Value: []byte(" m-1")}}}, ""); d.MessageID != " m-1" {
+	if d := ToDelivery(kafka.Message{Topic: "orders", Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte(" m-1")}}}, ""); d.MessageID != " m-1" {
 		t.Fatalf("a header that is not blank is kept as is: %q", d.MessageID)
 	}
 }

@@ -15,12 +15,9 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/wire"
 	"github.com/segmentio/kafka-go"
 )
-
-// DefaultMessageIDHeader is the header carrying the message ID, also written
-// by idemq's outbox relay.
-const DefaultMessageIDHeader = "message-id"
 
 // Config configures a Source.
 type Config struct {
@@ -42,7 +39,8 @@ type Config struct {
 	// the broker's group.min.session.timeout.ms (6s by default).
 	Reader kafka.ReaderConfig
 	// MessageIDHeader names the header holding the message ID. Default
-	// "message-id".
+	// wire.MessageIDHeader (message-id), the header idemq's outbox relay
+	// writes.
 	MessageIDHeader string
 	// FetchRetryMax caps the wait between fetch attempts after a transient
 	// error (see Source.Fetch); waits start at 100ms and double. Default
@@ -123,7 +121,7 @@ func NewSource(cfg Config) (*Source, error) {
 	if err := check.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: Reader: %v", ErrInvalidConfig, err)
 	}
-	s := &Source{rc: rc, cgc: cgc, flushWait: min(check.SessionTimeout, check.RebalanceTimeout) / 3, hdr: cmp.Or(cfg.MessageIDHeader, DefaultMessageIDHeader),
+	s := &Source{rc: rc, cgc: cgc, flushWait: min(check.SessionTimeout, check.RebalanceTimeout) / 3, hdr: cmp.Or(cfg.MessageIDHeader, wire.MessageIDHeader),
 		retryMax: cmp.Or(cfg.FetchRetryMax, 30*time.Second), log: cfg.Logger,
 		msgs: make(chan fetched), owned: map[topicPartition]*claim{}, completed: map[topicPartition]int64{},
 		readers: map[*claim]*kafka.Reader{}, genID: -1}
@@ -247,11 +245,11 @@ func Position(topic string, partition int, offset int64) string {
 }
 
 // ToDelivery converts a fetched kafka-go message. header names the message-ID
-// header ("" means DefaultMessageIDHeader); the last value of a repeated
+// header ("" means wire.MessageIDHeader); the last value of a repeated
 // header wins.
 func ToDelivery(m kafka.Message, header string) consumer.Delivery {
 	if header == "" {
-		header = DefaultMessageIDHeader
+		header = wire.MessageIDHeader
 	}
 	headers := make(map[string]string, len(m.Headers))
 	for _, h := range m.Headers {
@@ -262,10 +260,10 @@ func ToDelivery(m kafka.Message, header string) consumer.Delivery {
 	if !m.Time.IsZero() {
 		t = m.Time
 	}
-	// A blank header ("", " ", "\t" …) is no message ID (dedup.IsBlank): the
+	// A blank header ("", " ", "\t" …) is no message ID (wire.IsBlank): the
 	// position identity applies, so blank-header messages never share one.
 	id := headers[header]
-	if dedup.IsBlank(id) {
+	if wire.IsBlank(id) {
 		id = ""
 	}
 	return consumer.Delivery{

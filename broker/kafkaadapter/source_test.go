@@ -10,12 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/wire"
 	"github.com/segmentio/kafka-go"
 )
 
 func TestToDelivery(t *testing.T) {
 	m := kafka.Message{Topic: "payments", Partition: 2, Offset: 1041, Key: []byte("acct-7"), Value: []byte(`{}`),
-		Headers: []kafka.Header{{Key: "message-id", Value: []byte("old")}, {Key: "message-id", Value: []byte("m-1")}, {Key: "trace", Value: []byte("t")}}}
+		Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte("old")}, {Key: wire.MessageIDHeader, Value: []byte("m-1")}, {Key: "trace", Value: []byte("t")}}}
 	d := ToDelivery(m, "")
 	if d.MessageID != "m-1" || d.Position != "kafka:payments/2/1041" || d.Lane != "payments/2" || d.Offset != 1041 {
 		t.Fatalf("delivery = %+v", d)
@@ -84,7 +85,7 @@ func testSource(fetch func(context.Context) (kafka.Message, *claim, error)) *Sou
 // kafka-go reports errors through FetchMessage and keeps fetching, so a
 // broker restart or a leader move must not end the consumer.
 func TestFetchRetriesTransientErrors(t *testing.T) {
-	want := kafka.Message{Topic: "t", Partition: 1, Offset: 7, Headers: []kafka.Header{{Key: "message-id", Value: []byte("m-7")}}}
+	want := kafka.Message{Topic: "t", Partition: 1, Offset: 7, Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte("m-7")}}}
 	dial := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
 	fetch, calls := scriptedFetch(want, dial, kafka.NotLeaderForPartition, kafka.RequestTimedOut, kafka.RebalanceInProgress)
 	d, err := testSource(fetch).Fetch(context.Background())

@@ -12,6 +12,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -36,7 +37,7 @@ func TestMessageIDRules(t *testing.T) {
 		m    *primitive.MessageExt
 		want string
 	}{
-		{"message-id property wins", ext("orders", "U1", "O1", map[string]string{"message-id": "m-1"}), "m-1"},
+		{"message-id property wins", ext("orders", "U1", "O1", map[string]string{wire.MessageIDHeader: "m-1"}), "m-1"},
 		{"UNIQ_KEY", ext("orders", "U1", "O1", nil), "U1"},
 		{"MsgId fallback to OffsetMsgId is not used", ext("orders", "", "O3", nil), ""},
 		{"MsgId set without property", &primitive.MessageExt{MsgId: "U9", OffsetMsgId: "O9"}, "U9"},

@@ -6,16 +6,17 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/wire"
 )
 
 // S20 on RocketMQ: a blank message-id property is absent; the UNIQ_KEY
 // applies, then MsgId, then the position. Never a " " shared by many.
 func TestMessageIDBlankFallsBack(t *testing.T) {
 	for _, blank := range []string{"", " ", "\t", " \t\r\n", "\u00a0", "\u3000"} {
-		if got := MessageID(ext("orders", "U1", "O1", map[string]string{"message-id": blank}), ""); got != "U1" {
+		if got := MessageID(ext("orders", "U1", "O1", map[string]string{wire.MessageIDHeader: blank}), ""); got != "U1" {
 			t.Errorf("message-id %q: MessageID = %q, want the UNIQ_KEY U1", blank, got)
 		}
-		m := ext("orders", "", "O2", map[string]string{"message-id": blank, primitive.PropertyUniqueClientMessageIdKeyIndex: blank})
+		m := ext("orders", "", "O2", map[string]string{wire.MessageIDHeader: blank, primitive.PropertyUniqueClientMessageIdKeyIndex: blank})
 		m.MsgId = "U2"
 		if got := MessageID(m, ""); got != "U2" {
 			t.Errorf("message-id and UNIQ_KEY %q: MessageID = %q, want MsgId U2", blank, got)
@@ -27,7 +28,7 @@ func TestMessageIDBlankFallsBack(t *testing.T) {
 	}
 	// Two messages with a blank message-id and no UNIQ_KEY get their own
 	// positions, not one shared identity.
-	a, b := ext("orders", "", "O3", map[string]string{"message-id": " "}), ext("orders", "", "O4", map[string]string{"message-id": " "})
+	a, b := ext("orders", "", "O3", map[string]string{wire.MessageIDHeader: " "}), ext("orders", "", "O4", map[string]string{wire.MessageIDHeader: " "})
 	a.Queue, b.Queue = &primitive.MessageQueue{Topic: "orders", BrokerName: "broker-a"}, &primitive.MessageQueue{Topic: "orders", BrokerName: "broker-a"}
 	a.QueueOffset, b.QueueOffset = 5, 6
 	da, db := ToDelivery(a, ""), ToDelivery(b, "")
@@ -37,7 +38,7 @@ func TestMessageIDBlankFallsBack(t *testing.T) {
 		t.Fatalf("identities %q and %q, want the two positions", ia.MessageID, ib.MessageID)
 	}
 	// A message ID that is not blank is kept as is, spaces included.
-	if got := MessageID(ext("orders", "U1", "O1", map[string]string{"message-id": " m-1 "}), ""); got != " m-1 " {
+	if got := MessageID(ext("orders", "U1", "O1", map[string]string{wire.MessageIDHeader: " m-1 "}), ""); got != " m-1 " {
 		t.Errorf("non-blank message-id: %q", got)
 	}
 }

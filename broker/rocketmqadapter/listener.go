@@ -13,11 +13,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/wire"
 )
-
-// DefaultMessageIDProperty is the user property carrying the message ID,
-// also written by idemq's outbox relay: "message-id".
-const DefaultMessageIDProperty = "message-id"
 
 // Defaults of Config.
 const (
@@ -55,7 +52,8 @@ type Config struct {
 	// clients of one process. Default: InstanceName("idemq-" + Group).
 	InstanceName string
 	// MessageIDProperty names the user property holding the message ID.
-	// Default DefaultMessageIDProperty ("message-id").
+	// Default wire.MessageIDHeader (message-id), the property idemq's
+	// outbox relay writes.
 	MessageIDProperty string
 
 	// ConsumeTimeout is the client's ConsumeTimeout: a listener call running
@@ -113,7 +111,7 @@ func (c Config) withDefaults() Config {
 		c.InstanceName = InstanceName("idemq-" + c.Group)
 	}
 	if c.MessageIDProperty == "" {
-		c.MessageIDProperty = DefaultMessageIDProperty
+		c.MessageIDProperty = wire.MessageIDHeader
 	}
 	if c.ConsumeTimeout == 0 {
 		c.ConsumeTimeout = DefaultConsumeTimeout

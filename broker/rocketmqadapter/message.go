@@ -13,6 +13,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/wire"
 )
 
 // RetryTopicPrefix starts the name of a consumer group's retry topic,
@@ -28,25 +29,25 @@ func Position(topic, brokerName string, queueID int, queueOffset int64) string {
 }
 
 // MessageID returns the message ID of m under the rules of the package
-// documentation: the property prop ("" means DefaultMessageIDProperty) when
+// documentation: the property prop ("" means wire.MessageIDHeader) when
 // set, else the UNIQ_KEY property, else MsgId unless it is only the
 // OffsetMsgId fallback; "" when none applies (the position is then used).
-// A blank value (dedup.IsBlank: "", " ", "\t" …) counts as not set at every
+// A blank value (wire.IsBlank: "", " ", "\t" …) counts as not set at every
 // step, so a blank message-id property falls back to the UNIQ_KEY.
 func MessageID(m *primitive.MessageExt, prop string) string {
 	if m == nil {
 		return ""
 	}
 	if prop == "" {
-		prop = DefaultMessageIDProperty
+		prop = wire.MessageIDHeader
 	}
-	if v := m.GetProperty(prop); !dedup.IsBlank(v) {
+	if v := m.GetProperty(prop); !wire.IsBlank(v) {
 		return v
 	}
-	if v := m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex); !dedup.IsBlank(v) {
+	if v := m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex); !wire.IsBlank(v) {
 		return v
 	}
-	if !dedup.IsBlank(m.MsgId) && m.MsgId != m.OffsetMsgId {
+	if !wire.IsBlank(m.MsgId) && m.MsgId != m.OffsetMsgId {
 		return m.MsgId
 	}
 	return ""
@@ -54,7 +55,7 @@ func MessageID(m *primitive.MessageExt, prop string) string {
 
 // ToDelivery converts a message received by a push listener into a
 // consumer.Delivery. prop names the message-ID property ("" means
-// DefaultMessageIDProperty). The queue is m.Queue (set by the client); a
+// wire.MessageIDHeader). The queue is m.Queue (set by the client); a
 // message without one is placed on queue 0 of its own topic with an empty
 // broker name. Message.Topic is the original topic (for a retry copy whose
 // topic is still %RETRY%<group>, the RETRY_TOPIC property); Key is the Keys

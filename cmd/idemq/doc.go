@@ -7,6 +7,7 @@
 //	                                or publish a conflict's dead letter as a new message (-as-new -id N)
 //	idemq purge [flags]             delete expired consumption records
 //	idemq relay [flags]             run an outbox relay until SIGINT/SIGTERM
+//	idemq relay -once [flags]       drain the outbox once (cron-style) and exit
 //	idemq outbox migrate [flags]    create or upgrade the outbox table
 //	idemq outbox stats [flags]      count pending (failing now), parked and published (after a failure) rows
 //	idemq outbox parked [flags]     list parked rows with their last error

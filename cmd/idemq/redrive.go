@@ -16,6 +16,7 @@ import (
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/kafkapub"
 	"github.com/idemq/idemq/outbox/rocketmqpub"
+	"github.com/idemq/idemq/wire"
 )
 
 // asNewFlags are redrive's flags for re-driving a conflict's dead letter as
@@ -35,7 +36,7 @@ func (a *asNewFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&a.force, "force", false, "-as-new: also re-drive a payload conflict (one intent sent with two payloads; the record usually stands for the right one)")
 	fs.StringVar(&a.operator, "operator", os.Getenv("USER"), "-as-new: who asks, for the audit row")
 	fs.StringVar(&a.broker, "broker", "kafka", "-as-new: where the message is published: kafka or rocketmq")
-	fs.StringVar(&a.header, "message-id-header", "message-id", "-as-new: the message-ID header (Kafka) or property (RocketMQ) the consumer reads")
+	fs.StringVar(&a.header, "message-id-header", wire.MessageIDHeader, "-as-new: the message-ID header (Kafka) or property (RocketMQ) the consumer reads")
 	fs.StringVar(&a.kafkaBrokers, "kafka-brokers", devenv.KafkaBrokers(), "-as-new: Kafka bootstrap brokers, comma separated")
 	fs.StringVar(&a.namesr, "rocketmq-namesrv", devenv.RocketMQNamesrv(), "-as-new: RocketMQ NameServers, comma separated")
 }

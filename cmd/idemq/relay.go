@@ -75,10 +75,15 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 25, "failed publishes before a row is parked")
 	fs.DurationVar(&cfg.RetryInitial, "retry-initial", time.Second, "first retry delay after a failed publish")
 	fs.DurationVar(&cfg.RetryMax, "retry-max", 5*time.Minute, "retry delay cap")
-	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "keep published rows this long (negative: forever)")
+	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "keep published rows this long before purging them")
+	fs.BoolVar(&cfg.DisablePurge, "no-purge", false, "never purge published rows (-retention is then ignored)")
+	once := fs.Bool("once", false, "drain and exit: publish batches until none is ready (no LISTEN, no purge), instead of running until stopped")
 	verbose := fs.Bool("v", false, "debug logs")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if cfg.DisablePurge {
+		cfg.Retention = 0
 	}
 	if *verbose {
 		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))
@@ -117,7 +122,39 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *once {
+		return drain(ctx, r, os.Stdout)
+	}
 	return r.Run(ctx)
+}
+
+// drain runs batches (Relay.RunOnce) until one claims nothing, or publishes
+// nothing (every row of it failed: the broker is likely down, and the rows'
+// retries are scheduled for a later run). Failed rows are recorded as under
+// Run (retry time, attempts, parking). It prints the totals and returns the
+// first database error, or ctx's error.
+func drain(ctx context.Context, r *outbox.Relay, w io.Writer) error {
+	var total outbox.BatchResult
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		res, err := r.RunOnce(ctx)
+		if err != nil {
+			return fmt.Errorf("relay -once: %w", err)
+		}
+		total.Claimed += res.Claimed
+		total.Published += res.Published
+		total.Failed += res.Failed
+		total.Parked += res.Parked
+		// A batch whose rows all failed claims them again only after their
+		// retry delay, so the loop ends even while the broker is down.
+		if res.Claimed == 0 || res.Published == 0 {
+			break
+		}
+	}
+	_, err := fmt.Fprintf(w, "published %d\nfailed %d\nparked %d\n", total.Published, total.Failed, total.Parked)
+	return err
 }
 
 func runOutbox(ctx context.Context, args []string) error {

@@ -12,21 +12,20 @@ import (
 // Lookup returns the record of (scope, message ID) (key is normalized with
 // NormalizeKey first), or ErrNotFound.
 func (s *Store) Lookup(ctx context.Context, scope, messageID string) (dedup.Record, error) {
-	return s.lookup(ctx, "message_id", scope, messageID)
+	return s.lookup(ctx, s.q.lookupByMessageIDSQL, scope, messageID)
 }
 
 // LookupBusinessKey returns the record of (scope, business key), or ErrNotFound.
 func (s *Store) LookupBusinessKey(ctx context.Context, scope, businessKey string) (dedup.Record, error) {
-	return s.lookup(ctx, "business_key", scope, businessKey)
+	return s.lookup(ctx, s.q.lookupByBusinessKeySQL, scope, businessKey)
 }
 
-func (s *Store) lookup(ctx context.Context, col, scope, key string) (dedup.Record, error) {
+// lookup runs query (lookup_by_message_id or lookup_by_business_key).
+func (s *Store) lookup(ctx context.Context, query, scope, key string) (dedup.Record, error) {
 	var r dedup.Record
 	var status string
 	var lastErr, lastClass *string
-	err := s.pool.QueryRow(ctx, `select scope, message_id, business_key, fingerprint, fingerprint_key_id, status,
-  attempts, last_error, last_error_class, fence, source, reconsume_times, created_at, updated_at, expires_at
-from `+s.q.records+` where scope = $1 and `+pgx.Identifier{col}.Sanitize()+` = $2 and `+pgx.Identifier{col}.Sanitize()+` <> ''`, scope, dedup.NormalizeKey(key)).
+	err := s.pool.QueryRow(ctx, query, scope, dedup.NormalizeKey(key)).
 		Scan(&r.Scope, &r.MessageID, &r.BusinessKey, &r.Fingerprint, &r.FingerprintKeyID, &status, &r.Attempts,
 			&lastErr, &lastClass, &r.Fence, &r.Source, &r.ReconsumeTimes, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -55,11 +54,7 @@ func (s *Store) DeadLetters(ctx context.Context, scope string, afterID int64, li
 	if limit > 10000 {
 		return nil, fmt.Errorf("idemq: dead letters: limit %d above 10000", limit)
 	}
-	rows, err := s.pool.Query(ctx, `select d.id, d.scope, d.message_id, d.business_key, d.reason, d.error, d.error_class,
-  d.attempts, d.topic, d.message_key, d.payload, d.headers, d.source, d.created_at, d.redriven_at,
-  coalesce(r.new_message_id, '')
-from `+s.q.deadLetters+` d left join `+s.redrivesTable()+` r on r.dead_letter_id = d.id
-where d.scope = $1 and d.id > $2 order by d.id limit $3`, scope, afterID, limit)
+	rows, err := s.pool.Query(ctx, s.q.deadLettersListSQL, scope, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("idemq: dead letters: %w", err)
 	}
@@ -85,15 +80,13 @@ where d.scope = $1 and d.id > $2 order by d.id limit $3`, scope, afterID, limit)
 // payload and headers are in the dead letter) or reset the group's offset.
 func (s *Store) Redrive(ctx context.Context, scope, messageID string) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `update `+s.q.records+`
-set status = 'FAILED_RETRYABLE', expires_at = null, updated_at = now()
-where scope = $1 and message_id = $2 and status = 'FAILED_FINAL'`, scope, dedup.NormalizeKey(messageID))
+		tag, err := tx.Exec(ctx, s.q.redriveRecordSQL, scope, dedup.NormalizeKey(messageID))
 		if err != nil {
 			return fmt.Errorf("idemq: redrive: %w", err)
 		}
 		if tag.RowsAffected() == 0 {
 			var status string
-			err := tx.QueryRow(ctx, `select status from `+s.q.records+` where scope = $1 and message_id = $2`, scope, dedup.NormalizeKey(messageID)).Scan(&status)
+			err := tx.QueryRow(ctx, s.q.redriveRecordStatusSQL, scope, dedup.NormalizeKey(messageID)).Scan(&status)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return dedup.ErrNotFound
 			}
@@ -102,8 +95,7 @@ where scope = $1 and message_id = $2 and status = 'FAILED_FINAL'`, scope, dedup.
 			}
 			return fmt.Errorf("%w: %s/%s is %s", dedup.ErrNotFinal, scope, messageID, status)
 		}
-		_, err = tx.Exec(ctx, `update `+s.q.deadLetters+` set redriven_at = now()
-where scope = $1 and message_id = $2 and redriven_at is null`, scope, dedup.NormalizeKey(messageID))
+		_, err = tx.Exec(ctx, s.q.redriveDeadLettersSQL, scope, dedup.NormalizeKey(messageID))
 		return err
 	})
 }
@@ -118,8 +110,7 @@ func (s *Store) Purge(ctx context.Context, batch int) (int64, error) {
 	}
 	var total int64
 	for {
-		tag, err := s.pool.Exec(ctx, `delete from `+s.q.records+` where id in (
-  select id from `+s.q.records+` where expires_at < now() order by expires_at limit $1 for update skip locked)`, batch)
+		tag, err := s.pool.Exec(ctx, s.q.purgeSQL, batch)
 		if err != nil {
 			return total, fmt.Errorf("idemq: purge: %w", err)
 		}

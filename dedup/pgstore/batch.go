@@ -109,7 +109,7 @@ func (s *Store) batchTx(ctx context.Context, msgs []*dedup.Message, fps []batchF
 
 	for i, m := range msgs {
 		if fps[i].err != nil {
-			res, err := s.markFailedIn(ctx, tx, m, nil, "", dedup.Permanent(fps[i].err), dedup.ReasonBadInput)
+			res, err := s.markFailedIn(ctx, tx, failure{msg: m, err: dedup.Permanent(fps[i].err), finalReason: dedup.ReasonBadInput})
 			if err != nil {
 				return nil, ownFailureClass(err), wrapUnknown(err)
 			}
@@ -120,7 +120,7 @@ func (s *Store) batchTx(ctx context.Context, msgs []*dedup.Message, fps []batchF
 			results[i] = res
 			continue
 		}
-		res, herr, err := s.claimAndRunIn(ctx, tx, m, fps[i].sum, fps[i].keyID, h, false)
+		res, herr, err := s.claimAndRunIn(ctx, tx, claimRun{msg: m, sum: fps[i].sum, keyID: fps[i].keyID, h: h, mode: claimProcessing})
 		called[i] = called[i] || res.HandlerCalled || herr != nil
 		if err != nil {
 			return nil, ownFailureClass(err), wrapUnknown(err)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -143,8 +144,17 @@ func TestRetryPolicy(t *testing.T) {
 	if p != defaultTransientRetry || p.tries() != 4 {
 		t.Fatalf("defaults: %+v, tries %d", p, p.tries())
 	}
-	if p := (RetryPolicy{Attempts: -1}).withDefaults(defaultTransientRetry); p.tries() != 1 {
-		t.Fatalf("negative Attempts: tries %d, want 1", p.tries())
+	if p := (RetryPolicy{Disable: true}).withDefaults(defaultTransientRetry); p.tries() != 1 || p.validate("TransientRetry") != nil {
+		t.Fatalf("Disable: tries %d (want 1), validate %v", p.tries(), p.validate("TransientRetry"))
+	}
+	// The old sentinel is refused, naming the field and what to set instead.
+	if err := (RetryPolicy{Attempts: -1}).withDefaults(defaultTransientRetry).validate("TransientRetry"); !errors.Is(err, ErrInvalidConfig) ||
+		!strings.Contains(err.Error(), "TransientRetry.Attempts") || !strings.Contains(err.Error(), "TransientRetry.Disable") {
+		t.Fatalf("negative Attempts: %v", err)
+	}
+	if err := (RetryPolicy{Disable: true, Attempts: 2}).validate("OutcomeUnknownRetry"); !errors.Is(err, ErrInvalidConfig) ||
+		!strings.Contains(err.Error(), "OutcomeUnknownRetry.Disable") {
+		t.Fatalf("Disable with Attempts: %v", err)
 	}
 	if p := (RetryPolicy{Initial: time.Second}).withDefaults(defaultTransientRetry); p.Max != time.Second {
 		t.Fatalf("Max under a larger Initial: %+v", p)

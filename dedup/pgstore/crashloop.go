@@ -22,53 +22,9 @@ const (
 	laneWatermarksSuffix = "_lane_watermarks"
 )
 
-// crashLoopQueries is the SQL of this file, built once per Store.
-type crashLoopQueries struct {
-	lanes                                                                  string // quoted, schema-qualified
-	advanceSQL, peekSQL, insertSQL, lockSQL, markSQL, exhaustSQL, clearSQL string
-}
-
-func newCrashLoopQueries(q *queries, lanes string) crashLoopQueries {
-	c := crashLoopQueries{lanes: lanes}
-	// prev is read from the statement's snapshot: a concurrent writer of the
-	// same lane (two owners during a rebalance) may be missed, never invented.
-	c.advanceSQL = `with prev as (select offset_hwm from ` + lanes + ` where scope = $1 and lane = $2)
-insert into ` + lanes + ` as w (scope, lane, offset_hwm) values ($1, $2, $3)
-on conflict (scope, lane) do update set offset_hwm = greatest(w.offset_hwm, excluded.offset_hwm), updated_at = now()
-returning coalesce((select offset_hwm from prev), -1)`
-	c.peekSQL = `select message_id, fingerprint, fingerprint_key_id, status, attempts
-from ` + q.records + `
-where id = (` + q.matchSQL() + `)`
-	// A new identity gets a FAILED_RETRYABLE record with no attempt yet: the
-	// claim of the run that follows finds it and counts the attempt (1).
-	c.insertSQL = `insert into ` + q.records + `
-  (scope, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts, source, reconsume_times, start_mark)
-values ($1, $2, $3, $4, $5, 'FAILED_RETRYABLE', 0, $6, $7, 0)
-on conflict do nothing
-returning id`
-	c.lockSQL = `select id, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts, start_mark
-from ` + q.records + `
-where id = (` + q.matchSQL() + `)
-for update`
-	// $3, $4: the error of a run found dead (NULL: keep the last error).
-	c.markSQL = `update ` + q.records + `
-set attempts = $2, start_mark = $2, last_error = coalesce($3, last_error), last_error_class = coalesce($4, last_error_class),
-    updated_at = now()
-where id = $1`
-	c.exhaustSQL = `update ` + q.records + `
-set status = 'FAILED_FINAL', attempts = $2, last_error = $3, last_error_class = $4, owner_token = $8::uuid, lease_until = null,
-    start_mark = null, source = $6, reconsume_times = $7, updated_at = now(),
-    expires_at = now() + make_interval(secs => $5::float8)
-where id = $1`
-	c.clearSQL = `update ` + q.records + `
-set start_mark = null
-where id = $1 and start_mark = $2 and attempts = $2 and status = 'FAILED_RETRYABLE'`
-	return c
-}
-
 // LaneWatermarksTable returns the quoted, schema-qualified name of the lane
 // watermark table: "<Schema>"."<RecordsTable>_lane_watermarks".
-func (s *Store) LaneWatermarksTable() string { return s.q.crash.lanes }
+func (s *Store) LaneWatermarksTable() string { return s.q.lanes }
 
 // AdvanceLaneWatermark raises the watermark of (scope, lane) to at least to,
 // in one autocommitted upsert, and returns the watermark the lane had before
@@ -83,7 +39,7 @@ func (s *Store) LaneWatermarksTable() string { return s.q.crash.lanes }
 // at or below the lane's watermark.
 func (s *Store) AdvanceLaneWatermark(ctx context.Context, scope, lane string, to int64) (int64, error) {
 	var prev int64
-	if err := s.pool.QueryRow(ctx, s.q.crash.advanceSQL, scope, lane, to).Scan(&prev); err != nil {
+	if err := s.pool.QueryRow(ctx, s.q.laneWatermarkAdvanceSQL, scope, lane, to).Scan(&prev); err != nil {
 		return 0, fmt.Errorf("idemq: lane watermark %s %s: %w", scope, lane, err)
 	}
 	return prev, nil
@@ -103,7 +59,7 @@ func (s *Store) CheckReplay(ctx context.Context, msg *dedup.Message) (dedup.Resu
 	id := msg.Identity
 	var rec record
 	var status string
-	err := s.pool.QueryRow(ctx, s.q.crash.peekSQL, id.Scope, id.MessageID, id.BusinessKey).
+	err := s.pool.QueryRow(ctx, s.q.replayPeekSQL, id.Scope, id.MessageID, id.BusinessKey).
 		Scan(&rec.messageID, &rec.fingerprint, &rec.keyID, &status, &rec.attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return dedup.Result{}, false, nil
@@ -171,8 +127,8 @@ func (s *Store) markStart(ctx context.Context, msg *dedup.Message, sum []byte, k
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	b := &pgx.Batch{}
-	b.Queue(s.q.crash.insertSQL, id.Scope, id.MessageID, id.BusinessKey, sum, keyID, clip(msg.Source, 1024), msg.ReconsumeTimes)
-	b.Queue(s.q.crash.lockSQL, id.Scope, id.MessageID, id.BusinessKey)
+	b.Queue(s.q.startMarkInsertSQL, id.Scope, id.MessageID, id.BusinessKey, sum, keyID, clip(msg.Source, 1024), msg.ReconsumeTimes)
+	b.Queue(s.q.startMarkLockSQL, id.Scope, id.MessageID, id.BusinessKey)
 	br := tx.SendBatch(ctx, b)
 	var rowID int64
 	if err = br.QueryRow().Scan(&rowID); errors.Is(err, pgx.ErrNoRows) {
@@ -217,7 +173,7 @@ func (s *Store) markStart(ctx context.Context, msg *dedup.Message, sum []byte, k
 		// first delivery is), which may have died the same way.
 		if n := attempts + 1; n >= s.cfg.MaxAttempts {
 			cause := fmt.Errorf("%w: attempts exhausted after %d handler starts: the process died while the handler ran (found by a start marker after a restart)", dedup.ErrExecutionLost, n)
-			res, err := s.exhaustLostExecution(ctx, tx, msg, sum, &rec, rec.matchedBy(id), n, cause, nil)
+			res, err := s.exhaustLostExecution(ctx, tx, lostExecution{msg: msg, sum: sum, rec: &rec, by: rec.matchedBy(id), attempts: n, cause: cause})
 			if err != nil {
 				return dedup.StartMark{}, false, err
 			}
@@ -229,7 +185,7 @@ func (s *Store) markStart(ctx context.Context, msg *dedup.Message, sum []byte, k
 		s.cfg.Logger.Warn("idemq: a handler run died with its process; counted as an attempt", "identity", id.String(),
 			"attempts", attempts, "max_attempts", s.cfg.MaxAttempts, "source", msg.Source)
 	}
-	if _, err := tx.Exec(ctx, s.q.crash.markSQL, rec.id, attempts, errText, errClass); err != nil {
+	if _, err := tx.Exec(ctx, s.q.startMarkSetSQL, rec.id, attempts, errText, errClass); err != nil {
 		return dedup.StartMark{}, false, fmt.Errorf("idemq: start marker %s: %w", id, err)
 	}
 	return dedup.StartMark{Run: true, Token: startRef{rowID: rec.id, mark: attempts}}, false, commit(ctx, tx)
@@ -245,32 +201,45 @@ func (s *Store) ClearStart(ctx context.Context, m dedup.StartMark) error {
 	if !ok || ref.rowID == 0 {
 		return nil
 	}
-	if _, err := s.pool.Exec(ctx, s.q.crash.clearSQL, ref.rowID, ref.mark); err != nil {
+	if _, err := s.pool.Exec(ctx, s.q.startMarkClearSQL, ref.rowID, ref.mark); err != nil {
 		return fmt.Errorf("idemq: clear start marker: %w", err)
 	}
 	return nil
 }
 
-// exhaustLostExecution makes the locked record rec FAILED_FINAL with attempts
-// n and writes its dead letter (ReasonAttemptsExhausted, class
-// "attempts_exhausted") in tx, for a record whose last execution never
-// reported an outcome (cause wraps ErrExecutionLost). owner is the lease
-// claim's owner token that ends the record (nil outside lease mode): it is
-// kept on the record, so that the claim, sent again after its answer was
-// lost, recognises its own first run (ownExhaust), and the dead owner's late
-// marks are fenced. It does not commit.
-func (s *Store) exhaustLostExecution(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum []byte, rec *record, by dedup.MatchedBy, n int, cause error, owner *uuid.UUID) (dedup.Result, error) {
-	if _, err := tx.Exec(ctx, s.q.crash.exhaustSQL, rec.id, n, clip(cause.Error(), s.cfg.MaxErrorBytes), classExecutionLost,
-		*s.expiry(dedup.StatusFailedFinal), clip(msg.Source, 1024), msg.ReconsumeTimes, owner); err != nil {
+// lostExecution is a record whose last execution never reported an outcome
+// and that has no attempt left.
+type lostExecution struct {
+	msg      *dedup.Message // the delivery that found it
+	sum      []byte         // its payload fingerprint
+	rec      *record        // the locked record
+	by       dedup.MatchedBy
+	attempts int   // the record's attempts once final
+	cause    error // wraps ErrExecutionLost
+	// owner is the lease claim's owner token that ends the record (nil
+	// outside lease mode): it is kept on the record, so that the claim,
+	// sent again after its answer was lost, recognises its own first run
+	// (ownExhaust), and the dead owner's late marks are fenced.
+	owner *uuid.UUID
+}
+
+// exhaustLostExecution makes the locked record l.rec FAILED_FINAL with
+// l.attempts and writes its dead letter (ReasonAttemptsExhausted, class
+// "attempts_exhausted") in tx. It does not commit.
+func (s *Store) exhaustLostExecution(ctx context.Context, tx pgx.Tx, l lostExecution) (dedup.Result, error) {
+	msg, n, cause := l.msg, l.attempts, l.cause
+	if _, err := tx.Exec(ctx, s.q.recordExhaustLostSQL, l.rec.id, n, clip(cause.Error(), s.cfg.MaxErrorBytes), classExecutionLost,
+		*s.expiry(dedup.StatusFailedFinal), clip(msg.Source, 1024), msg.ReconsumeTimes, l.owner); err != nil {
 		return dedup.Result{}, fmt.Errorf("idemq: mark %s %s: %w", dedup.StatusFailedFinal, msg.Identity, err)
 	}
-	dlID, err := s.q.insertDeadLetterClass(ctx, tx, msg, sum, dedup.ReasonAttemptsExhausted, cause, classExecutionLost, n, s.cfg.MaxErrorBytes)
+	dlID, err := s.q.insertDeadLetter(ctx, tx, deadLetterRow{msg: msg, sum: l.sum, reason: dedup.ReasonAttemptsExhausted,
+		cause: cause, class: classExecutionLost, attempts: n})
 	if err != nil {
 		return dedup.Result{}, err
 	}
 	s.cfg.Logger.Warn("idemq: attempts exhausted by executions that never reported an outcome; dead-lettered without running the handler",
 		"identity", msg.Identity.String(), "attempts", n, "source", msg.Source)
-	return dedup.Result{Outcome: dedup.OutcomeDeadLetter, MatchedBy: by, Status: dedup.StatusFailedFinal, Attempts: n, Err: cause,
+	return dedup.Result{Outcome: dedup.OutcomeDeadLetter, MatchedBy: l.by, Status: dedup.StatusFailedFinal, Attempts: n, Err: cause,
 		Reason: dedup.ReasonAttemptsExhausted, DeadLetterID: dlID}, nil
 }
 
@@ -284,9 +253,7 @@ func (s *Store) ownExhaust(ctx context.Context, msg *dedup.Message, sum []byte, 
 	id := msg.Identity
 	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var attempts int
-		err := tx.QueryRow(ctx, `select attempts from `+s.q.records+`
-where id = (`+s.q.matchSQL()+`) and owner_token = any($4::uuid[]) and status = 'FAILED_FINAL'`,
-			id.Scope, id.MessageID, id.BusinessKey, tokenStrings(tokens)).Scan(&attempts)
+		err := tx.QueryRow(ctx, s.q.leaseOwnExhaustSQL, id.Scope, id.MessageID, id.BusinessKey, tokenStrings(tokens)).Scan(&attempts)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}

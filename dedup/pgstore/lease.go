@@ -40,7 +40,7 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *dedup.Message, h dedup.L
 	if res, hit := s.fastLookup(ctx, msg); hit {
 		return res, nil
 	}
-	lease, rowID, res, err := s.claimLeaseRetrying(ctx, msg, sum, keyID, opt.TTL)
+	lease, rowID, res, err := s.claimLeaseRetrying(ctx, leaseClaim{msg: msg, sum: sum, keyID: keyID, ttl: opt.TTL})
 	if err != nil || rowID == 0 {
 		return res, err
 	}
@@ -55,9 +55,19 @@ func (s *Store) ProcessLeased(ctx context.Context, msg *dedup.Message, h dedup.L
 	return res, err
 }
 
+// leaseClaim is one lease-mode claim: the message, its payload's
+// fingerprint, and the lease's TTL.
+type leaseClaim struct {
+	msg   *dedup.Message
+	sum   []byte // payload fingerprint
+	keyID string // the fingerprint's key ID
+	ttl   time.Duration
+}
+
 // claimLease commits a PROCESSING record owned by a fresh token, or decides
 // the delivery without running the handler (rowID 0).
-func (s *Store) claimLease(ctx context.Context, msg *dedup.Message, sum []byte, keyID string, ttl time.Duration) (dedup.Lease, int64, dedup.Result, error) {
+func (s *Store) claimLease(ctx context.Context, c leaseClaim) (dedup.Lease, int64, dedup.Result, error) {
+	msg, sum, ttl := c.msg, c.sum, c.ttl
 	lease := dedup.Lease{Identity: msg.Identity, Record: msg.Identity, OwnerToken: uuid.New(), Fence: 1, Attempt: 1}
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
@@ -66,7 +76,7 @@ func (s *Store) claimLease(ctx context.Context, msg *dedup.Message, sum []byte, 
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	id := msg.Identity
 	var rowID int64
-	err = tx.QueryRow(ctx, s.q.leaseInsertSQL, id.Scope, id.MessageID, id.BusinessKey, sum, keyID,
+	err = tx.QueryRow(ctx, s.q.leaseInsertSQL, id.Scope, id.MessageID, id.BusinessKey, sum, c.keyID,
 		clip(msg.Source, 1024), msg.ReconsumeTimes, lease.OwnerToken, ttl.Seconds()).Scan(&rowID)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return lease, 0, dedup.Result{}, fmt.Errorf("idemq: lease claim %s: %w", id, err)
@@ -93,7 +103,8 @@ func (s *Store) claimLease(ctx context.Context, msg *dedup.Message, sum []byte, 
 				// without an outcome: final, so a message that kills its
 				// consumer cannot loop (the Redis-only store's rule). A
 				// FAILED_RETRYABLE record at the limit was re-driven: it runs.
-				res, err := s.exhaustLostExecution(ctx, tx, msg, sum, rec, res.MatchedBy, rec.attempts, leaseLost(rec.attempts), &lease.OwnerToken)
+				res, err := s.exhaustLostExecution(ctx, tx, lostExecution{msg: msg, sum: sum, rec: rec, by: res.MatchedBy,
+					attempts: rec.attempts, cause: leaseLost(rec.attempts), owner: &lease.OwnerToken})
 				if err != nil {
 					return lease, 0, dedup.Result{}, err
 				}
@@ -189,7 +200,7 @@ func (p *pgLease) fail(ctx context.Context, tx pgx.Tx, status dedup.Status, reas
 	case status != dedup.StatusFailedFinal: // no dead letter
 		return 0, false, nil
 	case marked:
-		dlID, err = s.q.insertDeadLetter(ctx, tx, p.msg, p.sum, reason, herr, p.lease.Attempt, s.cfg.MaxErrorBytes)
+		dlID, err = s.q.insertDeadLetter(ctx, tx, deadLetterRow{msg: p.msg, sum: p.sum, reason: reason, cause: herr, attempts: p.lease.Attempt})
 	default: // an earlier run of this mark committed: the dead letter it wrote
 		dlID, err = s.q.liveDeadLetterID(ctx, tx, p.msg, p.sum, reason)
 	}

@@ -31,7 +31,7 @@ import (
 //   - a mark (completion, failure, release) is a compare-and-set on the
 //     owner token and fence; the token and fence stay on the row after the
 //     lease ends, and the statement also reports whether an earlier run of
-//     the same mark had made it (dedup/queries.go). A retry that finds the
+//     the same mark had made it (sql/lease.sql). A retry that finds the
 //     row already in the status it writes, under its own token and fence,
 //     answers done, not fenced, and a final failure answers with the dead
 //     letter its first run wrote;
@@ -63,7 +63,8 @@ func markRetry[T any](ctx context.Context, s *Store, what string, op func() (T, 
 // that finds a live lease looks once more, since a lost claim may have
 // committed only while the new one waited for its row. When the retries are
 // used up the error wraps ErrOutcomeUnknown.
-func (s *Store) claimLeaseRetrying(ctx context.Context, msg *dedup.Message, sum []byte, keyID string, ttl time.Duration) (dedup.Lease, int64, dedup.Result, error) {
+func (s *Store) claimLeaseRetrying(ctx context.Context, lc leaseClaim) (dedup.Lease, int64, dedup.Result, error) {
+	msg, sum, ttl := lc.msg, lc.sum, lc.ttl
 	type claimed struct {
 		lease dedup.Lease
 		rowID int64
@@ -79,7 +80,7 @@ func (s *Store) claimLeaseRetrying(ctx context.Context, msg *dedup.Message, sum 
 			}
 		}
 		c, err := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, what, dedup.IsTransient, func() (claimed, error) {
-			lease, rowID, res, err := s.claimLease(ctx, msg, sum, keyID, ttl)
+			lease, rowID, res, err := s.claimLease(ctx, lc)
 			return claimed{lease: lease, rowID: rowID, res: res}, err
 		})
 		switch {
@@ -114,11 +115,7 @@ func (s *Store) claimLeaseRetrying(ctx context.Context, msg *dedup.Message, sum 
 func (s *Store) ownClaim(ctx context.Context, id dedup.Identity, tokens []uuid.UUID, ttl time.Duration) (dedup.Lease, int64, error) {
 	l := dedup.Lease{Identity: id, Record: dedup.Identity{Scope: id.Scope}}
 	var rowID int64
-	err := s.pool.QueryRow(ctx, `update `+s.q.records+`
-set lease_until = now() + make_interval(secs => $5::float8), updated_at = now()
-where id = (`+s.q.matchSQL()+`) and owner_token = any($4::uuid[]) and status = 'PROCESSING'
-returning id, message_id, business_key, owner_token, attempts, fence`,
-		id.Scope, id.MessageID, id.BusinessKey, tokenStrings(tokens), ttl.Seconds()).
+	err := s.pool.QueryRow(ctx, s.q.leaseOwnClaimSQL, id.Scope, id.MessageID, id.BusinessKey, tokenStrings(tokens), ttl.Seconds()).
 		Scan(&rowID, &l.Record.MessageID, &l.Record.BusinessKey, &l.OwnerToken, &l.Attempt, &l.Fence)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return dedup.Lease{}, 0, nil
@@ -134,9 +131,7 @@ returning id, message_id, business_key, owner_token, attempts, fence`,
 // failure mark run again answers, as its first run wrote it.
 func (q *queries) liveDeadLetterID(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum []byte, reason string) (int64, error) {
 	var id int64
-	err := tx.QueryRow(ctx, `select id from `+q.deadLetters+`
-where scope = $1 and message_id = $2 and reason = $3 and coalesce(fingerprint, ''::bytea) = coalesce($4::bytea, ''::bytea)
-  and redriven_at is null`, msg.Identity.Scope, msg.Identity.MessageID, reason, sum).Scan(&id)
+	err := tx.QueryRow(ctx, q.deadLetterLiveIDSQL, msg.Identity.Scope, msg.Identity.MessageID, reason, sum).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}

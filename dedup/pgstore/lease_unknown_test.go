@@ -116,7 +116,7 @@ func TestLeaseCallRetryPolicy(t *testing.T) {
 
 	// No retry at all (Attempts < 0): one call, its error.
 	calls = 0
-	_, err = markRetry(ctx, retryStore(RetryPolicy{Attempts: -1}.withDefaults(defaultOutcomeUnknownRetry), fast), "t",
+	_, err = markRetry(ctx, retryStore(RetryPolicy{Disable: true}.withDefaults(defaultOutcomeUnknownRetry), fast), "t",
 		func() (bool, error) { calls++; return false, io.EOF })
 	if !errors.Is(err, io.EOF) || calls != 1 {
 		t.Fatalf("Attempts -1: %v after %d calls; want EOF after 1", err, calls)

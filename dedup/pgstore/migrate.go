@@ -7,7 +7,6 @@ import (
 	"io/fs"
 
 	"github.com/idemq/idemq/internal/pgmigrate"
-	"github.com/jackc/pgx/v5"
 )
 
 //go:embed migrations/*.sql
@@ -23,26 +22,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := pgmigrate.Apply(ctx, s.pool, s.cfg.Schema, s.cfg.RecordsTable+"_schema_version", sub, s.templateData()); err != nil {
+	if err := pgmigrate.Apply(ctx, s.pool, s.cfg.Schema, s.cfg.RecordsTable+"_schema_version", sub, s.q.tables); err != nil {
 		return fmt.Errorf("idemq: migrate: %w", err)
 	}
 	return nil
-}
-
-// templateData gives the migrations their quoted table and index names.
-func (s *Store) templateData() map[string]any {
-	ident := func(name string) string { return pgx.Identifier{name}.Sanitize() }
-	r, d := s.cfg.RecordsTable, s.cfg.DeadLettersTable
-	return map[string]any{
-		"records":                  s.q.records,
-		"dead_letters":             s.q.deadLetters,
-		"records_message_id_key":   ident(r + "_message_id_key"),
-		"records_business_key_key": ident(r + "_business_key_key"),
-		"records_expires_idx":      ident(r + "_expires_idx"),
-		"dead_letters_live_key":    ident(d + "_live_key"),
-		"dead_letters_created_idx": ident(d + "_created_idx"),
-		"lane_watermarks":          s.LaneWatermarksTable(),
-		"redrives":                 s.redrivesTable(),
-		"redrives_dead_letter_key": ident(d + "_redrives_dl_key"),
-	}
 }

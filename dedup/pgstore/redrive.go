@@ -43,7 +43,7 @@ func (s *Store) RedriveAsNew(ctx context.Context, scope string, deadLetterID int
 		}
 		if d.Reason != dedup.ReasonMessageIDCollision && d.BusinessKey != "" {
 			var holder string
-			err := tx.QueryRow(ctx, `select message_id from `+s.q.records+` where scope = $1 and business_key = $2 and business_key <> ''`, scope, d.BusinessKey).Scan(&holder)
+			err := tx.QueryRow(ctx, s.q.businessKeyHolderSQL, scope, d.BusinessKey).Scan(&holder)
 			if err == nil {
 				return fmt.Errorf("%w: business key %q has record %s/%s: a re-driven copy would match it and conflict again", dedup.ErrPayloadConflict, d.BusinessKey, scope, holder)
 			}
@@ -52,11 +52,7 @@ func (s *Store) RedriveAsNew(ctx context.Context, scope string, deadLetterID int
 			}
 		}
 		res.MessageID = dedup.RedriveAsNewID(d.MessageID, d.ID)
-		err = tx.QueryRow(ctx, `insert into `+s.redrivesTable()+`
-  (dead_letter_id, scope, message_id, new_message_id, business_key, reason, forced, operator)
-values ($1, $2, $3, $4, $5, $6, $7, $8)
-on conflict (dead_letter_id) do nothing
-returning id, created_at`, d.ID, scope, d.MessageID, res.MessageID, d.BusinessKey, d.Reason, opt.Force, opt.Operator).
+		err = tx.QueryRow(ctx, s.q.redriveAuditInsertSQL, d.ID, scope, d.MessageID, res.MessageID, d.BusinessKey, d.Reason, opt.Force, opt.Operator).
 			Scan(&auditID, &res.RequestedAt)
 		if err == nil {
 			res.Created = true
@@ -65,7 +61,7 @@ returning id, created_at`, d.ID, scope, d.MessageID, res.MessageID, d.BusinessKe
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("idemq: redrive as new: audit: %w", err)
 		}
-		err = tx.QueryRow(ctx, `select id, new_message_id, created_at, published_at from `+s.redrivesTable()+` where dead_letter_id = $1`, d.ID).
+		err = tx.QueryRow(ctx, s.q.redriveAuditGetSQL, d.ID).
 			Scan(&auditID, &res.MessageID, &res.RequestedAt, &publishedAt)
 		if err != nil {
 			return fmt.Errorf("idemq: redrive as new: audit: %w", err)
@@ -85,25 +81,17 @@ returning id, created_at`, d.ID, scope, d.MessageID, res.MessageID, d.BusinessKe
 		return res, fmt.Errorf("idemq: redrive as new: publish %s (audit row kept; call again to publish): %w", res.MessageID, err)
 	}
 	res.Published = true
-	err = s.pool.QueryRow(context.WithoutCancel(ctx), `update `+s.redrivesTable()+` set published_at = coalesce(published_at, now())
-where id = $1 returning published_at`, auditID).Scan(&res.PublishedAt)
+	err = s.pool.QueryRow(context.WithoutCancel(ctx), s.q.redriveAuditPublishedSQL, auditID).Scan(&res.PublishedAt)
 	if err != nil {
 		return res, fmt.Errorf("idemq: redrive as new: %s published, but stamping its audit row failed (a repeated call publishes a copy, which dedup drops): %w", res.MessageID, err)
 	}
 	return res, nil
 }
 
-// redrivesTable is the quoted audit table of RedriveAsNew.
-func (s *Store) redrivesTable() string {
-	return pgx.Identifier{s.cfg.Schema, s.cfg.DeadLettersTable + "_redrives"}.Sanitize()
-}
-
 // deadLetter reads and locks one dead letter of scope, or ErrNotFound.
 func (s *Store) deadLetter(ctx context.Context, tx pgx.Tx, scope string, id int64) (dedup.DeadLetter, error) {
 	var d dedup.DeadLetter
-	err := tx.QueryRow(ctx, `select id, scope, message_id, business_key, reason, error, error_class, attempts,
-  topic, message_key, payload, headers, source, created_at, redriven_at
-from `+s.q.deadLetters+` where id = $1 and scope = $2 for update`, id, scope).
+	err := tx.QueryRow(ctx, s.q.deadLetterLockSQL, id, scope).
 		Scan(&d.ID, &d.Scope, &d.MessageID, &d.BusinessKey, &d.Reason, &d.Error, &d.ErrorClass, &d.Attempts,
 			&d.Topic, &d.Key, &d.Payload, &d.Headers, &d.Source, &d.CreatedAt, &d.RedrivenAt)
 	if errors.Is(err, pgx.ErrNoRows) {

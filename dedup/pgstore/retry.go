@@ -18,10 +18,15 @@ import (
 // later delay doubling up to Max, every delay jittered by ±50%
 // (cenkalti/backoff's ExponentialBackOff). A retry is never counted as an
 // attempt of the record. The zero value of each field means the default of
-// the Config field that holds the policy.
+// the Config field that holds the policy; Disable turns the retries off.
 type RetryPolicy struct {
+	// Disable turns the policy off: one try, no retry. Default false. The
+	// other fields must then be zero.
+	Disable bool
 	// Attempts is how many retries follow the first try. 0 means the
-	// default; a negative value means no retry at all; at most 100.
+	// default; 1 to 100 otherwise. Negative values are refused (New
+	// returns an error wrapping ErrInvalidConfig): set Disable for no
+	// retry.
 	Attempts int
 	// Initial is the delay before the first retry (before jitter). 0 means
 	// the default; at most 1 minute.
@@ -41,6 +46,9 @@ var (
 const maxRetryDelay = time.Minute
 
 func (p RetryPolicy) withDefaults(def RetryPolicy) RetryPolicy {
+	if p.Disable {
+		return p
+	}
 	if p.Attempts == 0 {
 		p.Attempts = def.Attempts
 	}
@@ -55,8 +63,14 @@ func (p RetryPolicy) withDefaults(def RetryPolicy) RetryPolicy {
 
 func (p RetryPolicy) validate(field string) error {
 	switch {
+	case p.Disable && (p.Attempts != 0 || p.Initial != 0 || p.Max != 0):
+		return fmt.Errorf("%w: %s.Disable is set: Attempts, Initial and Max must be zero (they are %d, %s, %s)", dedup.ErrInvalidConfig, field, p.Attempts, p.Initial, p.Max)
+	case p.Disable:
+		return nil
+	case p.Attempts < 0:
+		return fmt.Errorf("%w: %s.Attempts %d is negative: a negative value no longer means no retry; set %s.Disable instead", dedup.ErrInvalidConfig, field, p.Attempts, field)
 	case p.Attempts > 100:
-		return fmt.Errorf("%w: %s.Attempts %d must be at most 100 (negative: no retry)", dedup.ErrInvalidConfig, field, p.Attempts)
+		return fmt.Errorf("%w: %s.Attempts %d must be at most 100", dedup.ErrInvalidConfig, field, p.Attempts)
 	case p.Initial < 0 || p.Initial > maxRetryDelay:
 		return fmt.Errorf("%w: %s.Initial %s must be 0 to %s", dedup.ErrInvalidConfig, field, p.Initial, maxRetryDelay)
 	case p.Max < p.Initial || p.Max > maxRetryDelay:
@@ -65,8 +79,14 @@ func (p RetryPolicy) validate(field string) error {
 	return nil
 }
 
-// tries is the number of tries the policy allows: 1 + its retries.
-func (p RetryPolicy) tries() uint { return uint(1 + max(p.Attempts, 0)) }
+// tries is the number of tries the policy allows: 1 + its retries (1 when
+// disabled).
+func (p RetryPolicy) tries() uint {
+	if p.Disable {
+		return 1
+	}
+	return uint(1 + max(p.Attempts, 0))
+}
 
 // retryWhile runs op until it returns an error for which retry is false (nil
 // included), at most p.tries() times, waiting p's backoff in between. It

@@ -49,13 +49,17 @@ type Store struct {
 // the field.
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: nil pool", dedup.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: pool is nil", dedup.ErrInvalidConfig)
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool, cfg: cfg, fp: cfg.Fingerprinter, q: newQueries(cfg)}, nil
+	q, err := newQueries(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{pool: pool, cfg: cfg, fp: cfg.Fingerprinter, q: q}, nil
 }
 
 // Config returns the store's configuration with defaults applied.
@@ -98,7 +102,7 @@ func (s *Store) Process(ctx context.Context, msg *dedup.Message, h Handler) (ded
 	if res, hit := s.fastLookup(ctx, msg); hit {
 		return res, nil
 	}
-	res, herr, err := s.runAtomic(ctx, msg, sum, keyID, h)
+	res, herr, err := s.runAtomic(ctx, claimRun{msg: msg, sum: sum, keyID: keyID, h: h, mode: claimSucceeded})
 	if err == nil && res.Status == dedup.StatusSucceeded && (res.Outcome == dedup.OutcomeProcessed || res.Outcome == dedup.OutcomeDuplicate) {
 		s.fastRemember(ctx, msg.Identity, sum, keyID)
 	}
@@ -110,7 +114,7 @@ func (s *Store) Process(ctx context.Context, msg *dedup.Message, h Handler) (ded
 	if ctx.Err() != nil {
 		return dedup.Result{HandlerCalled: true}, fmt.Errorf("%w: handler interrupted: %w", dedup.ErrOutcomeUnknown, errors.Join(ctx.Err(), herr))
 	}
-	mres, err := s.markFailed(ctx, msg, sum, keyID, herr, dedup.ReasonAttemptsExhausted)
+	mres, err := s.markFailed(ctx, failure{msg: msg, sum: sum, keyID: keyID, err: herr, finalReason: dedup.ReasonAttemptsExhausted})
 	if err != nil {
 		return dedup.Result{HandlerCalled: true, Attempts: res.Attempts}, wrapUnknown(err)
 	}
@@ -124,7 +128,8 @@ func (s *Store) Process(ctx context.Context, msg *dedup.Message, h Handler) (ded
 // transient handler failure comes back as herr (the caller marks it: it is
 // then the handler's failure) and a transient error outside the handler as
 // err. HandlerCalled is true when any try ran the handler.
-func (s *Store) runAtomic(ctx context.Context, msg *dedup.Message, sum []byte, keyID string, h Handler) (res dedup.Result, herr, err error) {
+func (s *Store) runAtomic(ctx context.Context, c claimRun) (res dedup.Result, herr, err error) {
+	msg := c.msg
 	type try struct {
 		res       dedup.Result
 		herr, err error
@@ -132,7 +137,7 @@ func (s *Store) runAtomic(ctx context.Context, msg *dedup.Message, sum []byte, k
 	called := false
 	last, waitErr := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "process "+msg.Identity.String(), dedup.IsTransient, func() (try, error) {
 		var t try
-		t.res, t.herr, t.err = s.claimAndRun(ctx, msg, sum, keyID, h)
+		t.res, t.herr, t.err = s.claimAndRun(ctx, c)
 		called = called || t.res.HandlerCalled || t.herr != nil
 		switch {
 		case dedup.IsTransient(t.herr):
@@ -170,7 +175,7 @@ func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, c
 	if ferr != nil {
 		sum, keyID = nil, ""
 	}
-	return s.markFailed(ctx, msg, sum, keyID, dedup.Permanent(cause), reason)
+	return s.markFailed(ctx, failure{msg: msg, sum: sum, keyID: keyID, err: dedup.Permanent(cause), finalReason: reason})
 }
 
 // record is the locked view of an existing consumption record.
@@ -191,18 +196,42 @@ func (r *record) matchedBy(id dedup.Identity) dedup.MatchedBy {
 	return dedup.ByBusinessKey
 }
 
+// claimMode is how a claim inserts a new record.
+type claimMode int
+
+const (
+	// claimProcessing inserts a new record PROCESSING; the handler's
+	// outcome is marked on it afterwards (batched mode).
+	claimProcessing claimMode = iota
+	// claimSucceeded inserts a new record SUCCEEDED right away (one
+	// statement less): only for a caller that commits only when the handler
+	// succeeded and that treats a refused commit as the handler's failure
+	// (claimAndRun, atomic mode).
+	claimSucceeded
+)
+
+// claimRun is one message to claim and run the handler for: the message,
+// its payload's fingerprint, the handler, and how a new record is inserted.
+type claimRun struct {
+	msg   *dedup.Message
+	sum   []byte // payload fingerprint
+	keyID string // the fingerprint's key ID
+	h     Handler
+	mode  claimMode
+}
+
 // claimAndRun is step 1–3 of atomic mode. It returns the handler's error
 // separately (herr) when the handler ran and failed, or is transient, or
 // the server refused the COMMIT; the transaction is then already rolled
 // back. A COMMIT whose outcome is unknown returns an err wrapping
 // ErrOutcomeUnknown with HandlerCalled set.
-func (s *Store) claimAndRun(ctx context.Context, msg *dedup.Message, sum []byte, keyID string, h Handler) (res dedup.Result, herr error, err error) {
+func (s *Store) claimAndRun(ctx context.Context, c claimRun) (res dedup.Result, herr error, err error) {
 	tx, err := s.pool.BeginTx(ctx, s.cfg.TxOptions)
 	if err != nil {
 		return dedup.Result{}, nil, fmt.Errorf("idemq: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	res, herr, err = s.claimAndRunIn(ctx, tx, msg, sum, keyID, h, true)
+	res, herr, err = s.claimAndRunIn(ctx, tx, c)
 	if err != nil || herr != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return res, herr, err
@@ -239,14 +268,12 @@ func (s *Store) claimAndRun(ctx context.Context, msg *dedup.Message, sum []byte,
 // transaction must be retried): the caller must then roll back, and retry or
 // markFailed in a new transaction. On err the caller must roll back; an err
 // wrapping ErrOutcomeUnknown (ctx ended, connection lost while the handler
-// ran) comes with HandlerCalled set.
-//
-// optimistic inserts a new record as SUCCEEDED right away (one statement
-// less): only for a caller that commits only when the handler succeeded and
-// that treats a refused commit as the handler's failure (claimAndRun).
-func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum []byte, keyID string, h Handler, optimistic bool) (res dedup.Result, herr error, err error) {
+// ran) comes with HandlerCalled set. c.mode says how a new record is
+// inserted (see claimMode).
+func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, c claimRun) (res dedup.Result, herr error, err error) {
+	msg, sum := c.msg, c.sum
 	id := msg.Identity
-	rowID, rec, err := s.claim(ctx, tx, msg, sum, keyID, optimistic)
+	rowID, rec, err := s.claim(ctx, tx, c)
 	attempts := 1
 	if err != nil {
 		return dedup.Result{}, nil, err
@@ -261,7 +288,7 @@ func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *dedup.Message
 		if attempts, err = s.q.reclaim(ctx, tx, rec.id, msg); err != nil {
 			return dedup.Result{}, nil, err
 		}
-		if _, err := tx.Exec(ctx, "savepoint "+handlerSavepoint); err != nil {
+		if _, err := tx.Exec(ctx, s.q.handlerSavepointSQL); err != nil {
 			return dedup.Result{}, nil, fmt.Errorf("idemq: savepoint: %w", err)
 		}
 	}
@@ -272,8 +299,8 @@ func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *dedup.Message
 	// slip in between.
 	msg.Attempt = attempts
 	called := dedup.Result{HandlerCalled: true, Attempts: attempts}
-	herr = runHandler(ctx, tx, msg, h)
-	if herr == nil && optimistic && rec == nil {
+	herr = runHandler(ctx, tx, msg, c.h)
+	if herr == nil && c.mode == claimSucceeded && rec == nil {
 		return dedup.Result{Outcome: dedup.OutcomeProcessed, Status: dedup.StatusSucceeded, Attempts: attempts, HandlerCalled: true}, nil, nil
 	}
 	if herr == nil {
@@ -297,20 +324,32 @@ func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, msg *dedup.Message
 		// retries it whole, counting nothing.
 		return called, herr, nil
 	}
-	if _, err := tx.Exec(ctx, "rollback to savepoint "+handlerSavepoint); err != nil {
+	if _, err := tx.Exec(ctx, s.q.handlerRollbackSQL); err != nil {
 		return called, herr, nil // transaction unusable: the caller marks in a new one
 	}
-	res, err = s.markClaimedFailed(ctx, tx, rowID, attempts, msg, sum, herr)
+	res, err = s.markClaimedFailed(ctx, tx, claimedFailure{rowID: rowID, attempts: attempts, msg: msg, sum: sum, err: herr})
 	if err != nil {
 		return called, herr, nil
 	}
 	return res, nil, nil
 }
 
+// claimedFailure is a handler failure on the record this transaction
+// claimed: its row id, the attempts the claim counted, the message and its
+// payload fingerprint, and the handler's error.
+type claimedFailure struct {
+	rowID    int64
+	attempts int
+	msg      *dedup.Message
+	sum      []byte
+	err      error
+}
+
 // markClaimedFailed marks the record this transaction claimed (attempts
 // already counted by the claim) FAILED_RETRYABLE, or FAILED_FINAL with a dead
 // letter when the error is permanent or the attempts are used up.
-func (s *Store) markClaimedFailed(ctx context.Context, tx pgx.Tx, rowID int64, attempts int, msg *dedup.Message, sum []byte, herr error) (dedup.Result, error) {
+func (s *Store) markClaimedFailed(ctx context.Context, tx pgx.Tx, f claimedFailure) (dedup.Result, error) {
+	herr, attempts := f.err, f.attempts
 	status, reason := dedup.StatusFailedRetryable, dedup.ReasonAttemptsExhausted
 	switch {
 	case dedup.IsPermanent(herr):
@@ -318,31 +357,32 @@ func (s *Store) markClaimedFailed(ctx context.Context, tx pgx.Tx, rowID int64, a
 	case attempts >= s.cfg.MaxAttempts:
 		status = dedup.StatusFailedFinal
 	}
-	if err := s.q.updateFailed(ctx, tx, rowID, status, false, msg, clip(herr.Error(), s.cfg.MaxErrorBytes), dedup.ErrorClass(herr), s.expiry(status)); err != nil {
+	if err := s.q.updateFailed(ctx, tx, failureMark{rowID: f.rowID, status: status, attempt: attemptCounted, msg: f.msg,
+		errText: clip(herr.Error(), s.cfg.MaxErrorBytes), errClass: dedup.ErrorClass(herr), expirySecs: s.expiry(status)}); err != nil {
 		return dedup.Result{}, err
 	}
 	res := dedup.Result{Outcome: dedup.OutcomeRetry, Status: status, Attempts: attempts, HandlerCalled: true, Err: herr}
 	if status == dedup.StatusFailedFinal {
 		var err error
 		res.Outcome, res.Reason = dedup.OutcomeDeadLetter, reason
-		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, herr, attempts, s.cfg.MaxErrorBytes); err != nil {
+		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, deadLetterRow{msg: f.msg, sum: f.sum, reason: reason, cause: herr, attempts: attempts}); err != nil {
 			return dedup.Result{}, err
 		}
 	}
 	return res, nil
 }
 
-// claim inserts a PROCESSING (optimistic: SUCCEEDED) record with attempts 1
-// (returning its row id),
-// or, when either unique key already exists, locks the existing record FOR
-// UPDATE and returns it.
-func (s *Store) claim(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum []byte, keyID string, optimistic bool) (int64, *record, error) {
-	status, expiry := dedup.StatusProcessing, (*float64)(nil)
-	if optimistic {
-		status, expiry = dedup.StatusSucceeded, s.expiry(dedup.StatusSucceeded)
+// claim inserts a PROCESSING (claimSucceeded: SUCCEEDED) record with
+// attempts 1 (returning its row id), or, when either unique key already
+// exists, locks the existing record FOR UPDATE and returns it.
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, c claimRun) (int64, *record, error) {
+	msg := c.msg
+	r := newRecord{msg: msg, sum: c.sum, keyID: c.keyID, status: dedup.StatusProcessing, attempts: 1}
+	if c.mode == claimSucceeded {
+		r.status, r.expirySecs = dedup.StatusSucceeded, s.expiry(dedup.StatusSucceeded)
 	}
 	for try := 0; try < 3; try++ {
-		rowID, rec, err := s.q.claimInsert(ctx, tx, msg, sum, keyID, status, expiry)
+		rowID, rec, err := s.q.claimInsert(ctx, tx, r)
 		if err != nil || rowID != 0 || rec != nil {
 			return rowID, rec, err
 		}
@@ -362,8 +402,7 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum [
 		// Bad input rejected before its payload could be fingerprinted
 		// (Reject), re-driven since: this copy gives the record its
 		// fingerprint and runs the handler.
-		if _, err := tx.Exec(ctx, `update `+s.q.records+` set fingerprint = $2, fingerprint_key_id = $3 where id = $1`,
-			rec.id, sum, s.fp.CurrentKeyID()); err != nil {
+		if _, err := tx.Exec(ctx, s.q.recordSetFingerprintSQL, rec.id, sum, s.fp.CurrentKeyID()); err != nil {
 			return dedup.Result{}, false, fmt.Errorf("idemq: fingerprint re-driven record %s: %w", id, err)
 		}
 		return res, true, nil
@@ -374,7 +413,7 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum [
 		cerr := &dedup.ConflictError{Reason: reason, Identity: id, MatchedBy: by, Cause: cause,
 			Record: dedup.Identity{Scope: id.Scope, MessageID: rec.messageID, BusinessKey: rec.businessKey}}
 		res.Outcome, res.Err, res.Reason = dedup.OutcomeConflict, cerr, reason
-		res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, cerr, rec.attempts, s.cfg.MaxErrorBytes)
+		res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, deadLetterRow{msg: msg, sum: sum, reason: reason, cause: cerr, attempts: rec.attempts})
 		return res, false, err
 	}
 	switch rec.status {
@@ -391,10 +430,21 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum [
 	}
 }
 
+// failure is a failed execution, or a rejection, to mark on msg's record.
+type failure struct {
+	msg   *dedup.Message
+	sum   []byte // payload fingerprint; nil when it has none (bad input)
+	keyID string // the fingerprint's key ID
+	err   error  // the handler's error, or the rejection's cause
+	// finalReason is the dead-letter reason used when retries are
+	// exhausted; ReasonAttemptsExhausted means the handler ran.
+	finalReason string
+}
+
 // markFailed records a failed execution (or a rejection) in its own short
-// transaction after the handler's transaction rolled back. finalReason is the
-// dead-letter reason used when retries are exhausted.
-func (s *Store) markFailed(ctx context.Context, msg *dedup.Message, sum []byte, keyID string, herr error, finalReason string) (dedup.Result, error) {
+// transaction after the handler's transaction rolled back.
+func (s *Store) markFailed(ctx context.Context, f failure) (dedup.Result, error) {
+	msg := f.msg
 	ctx = context.WithoutCancel(ctx) // the mark must land even during shutdown
 	// A deadlock or serialization failure of the mark is retried at once;
 	// the mark counts its attempt only when it commits.
@@ -404,7 +454,7 @@ func (s *Store) markFailed(ctx context.Context, msg *dedup.Message, sum []byte, 
 			return dedup.Result{}, fmt.Errorf("idemq: begin mark failed: %w", err)
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
-		res, err := s.markFailedIn(ctx, tx, msg, sum, keyID, herr, finalReason)
+		res, err := s.markFailedIn(ctx, tx, f)
 		if err != nil {
 			return dedup.Result{}, err
 		}
@@ -413,7 +463,8 @@ func (s *Store) markFailed(ctx context.Context, msg *dedup.Message, sum []byte, 
 }
 
 // markFailedIn is markFailed's work inside tx (no commit).
-func (s *Store) markFailedIn(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum []byte, keyID string, herr error, finalReason string) (dedup.Result, error) {
+func (s *Store) markFailedIn(ctx context.Context, tx pgx.Tx, f failure) (dedup.Result, error) {
+	msg, sum, keyID, herr, finalReason := f.msg, f.sum, f.keyID, f.err, f.finalReason
 	permanent := dedup.IsPermanent(herr)
 	reason := finalReason
 	if permanent && finalReason == dedup.ReasonAttemptsExhausted {
@@ -428,18 +479,27 @@ func (s *Store) markFailedIn(ctx context.Context, tx pgx.Tx, msg *dedup.Message,
 		status = dedup.StatusFailedFinal
 	}
 	res := dedup.Result{HandlerCalled: finalReason == dedup.ReasonAttemptsExhausted, Err: herr}
-	rowID, err := s.q.insert(ctx, tx, msg, sum, keyID, status, 1, errText, class, s.expiry(status))
+	rowID, err := s.q.insert(ctx, tx, newRecord{msg: msg, sum: sum, keyID: keyID, status: status, attempts: 1,
+		errText: errText, errClass: class, expirySecs: s.expiry(status)})
 	if err != nil {
 		return dedup.Result{}, err
 	}
 	res.Attempts = 1
 	if rowID == 0 {
-		rec, err := s.q.lock(ctx, tx, msg.Identity)
+		rec, live, err := s.q.lockLease(ctx, tx, msg.Identity)
 		if err != nil {
 			return dedup.Result{}, err
 		}
 		if rec == nil {
 			return dedup.Result{}, fmt.Errorf("idemq: mark failed %s: record vanished", msg.Identity)
+		}
+		if rec.status == dedup.StatusProcessing && live {
+			// A lease-mode owner is running this record now: marking it
+			// would fence the owner after its side effect. The copy is
+			// not acked and finds the owner's outcome when redelivered,
+			// as in the Redis-only store.
+			return dedup.Result{Outcome: dedup.OutcomeRetry, Err: dedup.ErrLeaseHeld, Status: rec.status, Attempts: rec.attempts,
+				MatchedBy: rec.matchedBy(msg.Identity), HandlerCalled: res.HandlerCalled}, nil
 		}
 		if rec.status == dedup.StatusSucceeded || rec.status == dedup.StatusFailedFinal {
 			// Another copy finished meanwhile: this delivery is a duplicate.
@@ -449,7 +509,8 @@ func (s *Store) markFailedIn(ctx context.Context, tx pgx.Tx, msg *dedup.Message,
 		if res.Attempts >= s.cfg.MaxAttempts {
 			status = dedup.StatusFailedFinal
 		}
-		if err := s.q.updateFailed(ctx, tx, rec.id, status, true, msg, errText, class, s.expiry(status)); err != nil {
+		if err := s.q.updateFailed(ctx, tx, failureMark{rowID: rec.id, status: status, attempt: attemptNew, msg: msg,
+			errText: errText, errClass: class, expirySecs: s.expiry(status)}); err != nil {
 			return dedup.Result{}, err
 		}
 	}
@@ -457,7 +518,7 @@ func (s *Store) markFailedIn(ctx context.Context, tx pgx.Tx, msg *dedup.Message,
 	res.Outcome = dedup.OutcomeRetry
 	if status == dedup.StatusFailedFinal {
 		res.Outcome, res.Reason = dedup.OutcomeDeadLetter, reason
-		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, msg, sum, reason, herr, res.Attempts, s.cfg.MaxErrorBytes); err != nil {
+		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, deadLetterRow{msg: msg, sum: sum, reason: reason, cause: herr, attempts: res.Attempts}); err != nil {
 			return dedup.Result{}, err
 		}
 	}

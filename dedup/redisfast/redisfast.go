@@ -54,7 +54,7 @@ type Config struct {
 	// Prefix starts every key. Default "idemq".
 	Prefix string
 	// TTL is how long an identity is remembered. Default 24h; at least 1s.
-	// dedup.NewStore refuses a TTL longer than its SucceededRetention (a
+	// pgstore.New refuses a TTL longer than its SucceededRetention (a
 	// purged record must not be answered from Redis).
 	TTL time.Duration
 	// Timeout bounds each Redis call (one MGET, or one pipeline of SETs)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -214,14 +213,6 @@ type claimed struct {
 	recordBK  string // the record's business key
 }
 
-func (s *Store) deadLetterArgs(msg *dedup.Message) []any {
-	hdr, _ := json.Marshal(msg.Headers)
-	if msg.Headers == nil {
-		hdr = []byte("{}")
-	}
-	return []any{msg.Topic, msg.Key, msg.Payload, hdr}
-}
-
 func ms(d time.Duration) int64 { return d.Milliseconds() }
 
 // follow runs a script that may answer {"BK", message ID} (the business
@@ -263,15 +254,11 @@ func (s *Store) claim(ctx context.Context, msg *dedup.Message, sums []keyedSum, 
 	token := uuid.New()
 	v, recMID, err := follow(id, func(recMID string, viaBK bool) ([]any, error) {
 		rec := k.record(recMID)
-		args := append([]any{id.MessageID, id.BusinessKey, flag(viaBK), recMID, token.String(),
-			ms(ttl), ms(s.cfg.FailedRetention), msg.Source, msg.ReconsumeTimes, s.cfg.MaxAttempts,
-			ms(s.cfg.FailedRetention), ms(s.cfg.FailedRetention)}, s.deadLetterArgs(msg)...)
-		args = append(args, id.Scope, len(sums))
-		for _, ks := range sums {
-			args = append(args, ks.KeyID+":"+hex.EncodeToString(ks.Sum))
-		}
+		args := claimArgs{msg: msg, viaBK: viaBK, recordMID: recMID, token: token, leaseTTL: ttl,
+			openTTL: s.cfg.FailedRetention, finalTTL: s.cfg.FailedRetention, dlRetention: s.cfg.FailedRetention,
+			maxAttempts: s.cfg.MaxAttempts, sums: sums}
 		keys := []string{rec, k.bkOrRecord(id.BusinessKey, rec), k.lease(recMID), k.deadLetters(), k.conflict(id.MessageID, sums[0].Sum)}
-		return claimScript.Run(ctx, s.c, keys, args...).Slice()
+		return claimScript.Run(ctx, s.c, keys, args.argv()...).Slice()
 	})
 	if err != nil {
 		return nil, dedup.Result{}, fmt.Errorf("idemq/redisstore: claim %s: %w", id, err)
@@ -349,14 +336,14 @@ func (r *redisLease) Renew(ctx context.Context) (bool, error) {
 }
 
 func (r *redisLease) Succeed(ctx context.Context) (bool, error) {
-	_, fenced, err := r.finish(ctx, string(dedup.StatusSucceeded), nil, "")
+	_, fenced, err := r.finish(ctx, finishStatus(dedup.StatusSucceeded), nil, "")
 	return fenced, err
 }
 
 // Release gives the lease back; it returns dedup.ErrFenced when the record
 // is not this owner's any more (it was taken over meanwhile).
 func (r *redisLease) Release(ctx context.Context) error {
-	_, fenced, err := r.finish(ctx, "RELEASE", nil, "")
+	_, fenced, err := r.finish(ctx, finishRelease, nil, "")
 	if err == nil && fenced {
 		return dedup.ErrFenced
 	}
@@ -364,27 +351,26 @@ func (r *redisLease) Release(ctx context.Context) error {
 }
 
 func (r *redisLease) Fail(ctx context.Context, status dedup.Status, reason string, herr error) (int64, bool, error) {
-	return r.finish(ctx, string(status), herr, reason)
+	return r.finish(ctx, finishStatus(status), herr, reason)
 }
 
-// finish runs finishScript: status is a record status, or "RELEASE" (give
-// the lease back); a dead letter is written when reason is not "".
-func (r *redisLease) finish(ctx context.Context, status string, herr error, reason string) (dlID int64, fenced bool, err error) {
+// finish runs finishScript: status is a record status, or finishRelease
+// (give the lease back); a dead letter is written when reason is not "".
+func (r *redisLease) finish(ctx context.Context, status finishStatus, herr error, reason string) (dlID int64, fenced bool, err error) {
 	s, id := r.s, r.msg.Identity
 	k := s.keysOf(id.Scope)
 	rec := k.record(r.c.recordMID)
 	ttl := s.cfg.FailedRetention
-	if status == string(dedup.StatusSucceeded) {
+	if status == finishStatus(dedup.StatusSucceeded) {
 		ttl = s.cfg.SucceededRetention
 	}
 	errText, class := "", ""
 	if herr != nil {
 		errText, class = pgtext.Clip(herr.Error(), s.cfg.MaxErrorBytes), dedup.ErrorClass(herr)
 	}
-	args := append([]any{r.c.lease.OwnerToken.String(), r.c.lease.Fence, status, ms(ttl), errText, class, reason,
-		ms(s.cfg.FailedRetention)}, s.deadLetterArgs(r.msg)...)
-	args = append(args, r.msg.Source, id.Scope, id.MessageID, id.BusinessKey)
-	v, err := finishScript.Run(ctx, s.c, []string{rec, k.bkOrRecord(r.c.recordBK, rec), k.lease(r.c.recordMID), k.deadLetters()}, args...).Slice()
+	args := finishArgs{token: r.c.lease.OwnerToken, fence: r.c.lease.Fence, status: status, recordTTL: ttl,
+		errText: errText, errClass: class, reason: reason, dlRetention: s.cfg.FailedRetention, msg: r.msg}
+	v, err := finishScript.Run(ctx, s.c, []string{rec, k.bkOrRecord(r.c.recordBK, rec), k.lease(r.c.recordMID), k.deadLetters()}, args.argv()...).Slice()
 	if err != nil {
 		return 0, false, err
 	}
@@ -440,12 +426,10 @@ func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, c
 	}
 	v, _, err := follow(id, func(recMID string, viaBK bool) ([]any, error) {
 		rec := k.record(recMID)
-		args := []any{id.MessageID, id.BusinessKey, flag(viaBK), recMID, ms(s.cfg.FailedRetention),
-			pgtext.Clip(cause.Error(), s.cfg.MaxErrorBytes), dedup.ErrorClass(cause), reason, ms(s.cfg.FailedRetention)}
-		// ARGV 14 source, 15 scope, 16 reconsume times, 17 token, 18 fingerprint.
-		args = append(append(args, s.deadLetterArgs(msg)...), msg.Source, id.Scope, msg.ReconsumeTimes, token, fp)
+		args := rejectArgs{msg: msg, viaBK: viaBK, recordMID: recMID, recordTTL: s.cfg.FailedRetention, dlRetention: s.cfg.FailedRetention,
+			errText: pgtext.Clip(cause.Error(), s.cfg.MaxErrorBytes), errClass: dedup.ErrorClass(cause), reason: reason, token: token, fingerprint: fp}
 		keys := []string{rec, k.bkOrRecord(id.BusinessKey, rec), k.lease(recMID), k.deadLetters()}
-		return rejectScript.Run(ctx, s.c, keys, args...).Slice()
+		return rejectScript.Run(ctx, s.c, keys, args.argv()...).Slice()
 	})
 	if err != nil {
 		return dedup.Result{}, fmt.Errorf("idemq/redisstore: reject %s: %w", id, err)

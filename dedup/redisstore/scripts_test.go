@@ -76,7 +76,7 @@ func testMsg(t *testing.T, mid, bk, payload string) *dedup.Message {
 // reject (keeping the payload's fingerprint).
 func TestScriptsAnswerASecondRunTheSame(t *testing.T) {
 	ok := func(context.Context, *dedup.Message) error { return nil }
-	opt := dedup.LeaseOptions{TTL: 5 * time.Second, Heartbeat: -1}
+	opt := dedup.LeaseOptions{TTL: 5 * time.Second, DisableHeartbeat: true}
 	for _, twice := range []bool{false, true} {
 		name := "once"
 		if twice {

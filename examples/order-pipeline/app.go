@@ -250,21 +250,20 @@ func runRelay(ctx context.Context, args []string) error {
 	defer func() { _ = pub.Close() }()
 	cfg := outbox.RelayConfig{Name: *name, PollInterval: 250 * time.Millisecond,
 		RetryInitial: 200 * time.Millisecond, RetryMax: 2 * time.Second}
+	var relayPub outbox.Publisher = pub
 	if *crash {
-		cfg.Hooks.AfterPublish = func(_ context.Context, _ pgx.Tx, published []outbox.Envelope) error {
+		relayPub = crashAfterPublish{ChainPublisher: pub, kill: func(published []outbox.Envelope) {
 			ids := make([]string, len(published))
 			for i, e := range published {
 				ids[i] = e.ID.String()
 			}
-			if err := writeEvent(c.events, stats{Role: "relay", Event: "published-before-kill", Published: ids}); err != nil {
-				return err
-			}
+			_ = writeEvent(c.events, stats{Role: "relay", Event: "published-before-kill", Published: ids})
 			fmt.Fprintf(os.Stderr, "[relay %s] crash point: %d rows acknowledged by Kafka, not yet marked published; SIGKILL\n", *name, len(ids))
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
-		}
+		}}
 	}
-	r, err := outbox.NewRelay(a.ob, pub, cfg)
+	r, err := outbox.NewRelay(a.ob, relayPub, cfg)
 	if err != nil {
 		return err
 	}
@@ -277,3 +276,42 @@ func runRelay(ctx context.Context, args []string) error {
 }
 
 var errInvariant = errors.New("order-pipeline: invariants failed")
+
+// crashAfterPublish wraps the relay's publisher: once a call has had rows
+// acknowledged by Kafka, it calls kill with them before returning, so the
+// process dies after the publish and before the relay marks the rows
+// published (the window the outbox is built to survive: the rows are
+// published again, with the same message IDs, by another relay).
+type crashAfterPublish struct {
+	outbox.ChainPublisher
+	kill func(published []outbox.Envelope)
+}
+
+// Publish implements outbox.Publisher.
+func (c crashAfterPublish) Publish(ctx context.Context, batch []outbox.Envelope) error {
+	err := c.ChainPublisher.Publish(ctx, batch)
+	var pe outbox.PublishErrors
+	var acked []outbox.Envelope
+	for i, e := range batch {
+		if err == nil || (errors.As(err, &pe) && len(pe) == len(batch) && pe[i] == nil) {
+			acked = append(acked, e)
+		}
+	}
+	if len(acked) > 0 {
+		c.kill(acked)
+	}
+	return err
+}
+
+// PublishChains implements outbox.ChainPublisher.
+func (c crashAfterPublish) PublishChains(ctx context.Context, chains [][]outbox.Envelope) []outbox.ChainResult {
+	res := c.ChainPublisher.PublishChains(ctx, chains)
+	var acked []outbox.Envelope
+	for i, r := range res {
+		acked = append(acked, chains[i][:min(max(r.Acked, 0), len(chains[i]))]...)
+	}
+	if len(acked) > 0 {
+		c.kill(acked)
+	}
+	return res
+}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/broker/kafkaadapter"
+	"github.com/idemq/idemq/wire"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -269,7 +270,7 @@ func topicCopies(ctx context.Context, c *common) (map[string]int, bool, error) {
 			}
 			var id string
 			for _, h := range m.Headers {
-				if h.Key == kafkaadapter.DefaultMessageIDHeader {
+				if h.Key == wire.MessageIDHeader {
 					id = string(h.Value)
 				}
 			}
@@ -299,7 +300,7 @@ func produceOrders(ctx context.Context, c *common, n int) (map[string]Order, err
 		want[o.OrderID] = o
 		b, _ := json.Marshal(o)
 		msgs = append(msgs, kafka.Message{Key: []byte(o.OrderID), Value: b,
-			Headers: []kafka.Header{{Key: kafkaadapter.DefaultMessageIDHeader, Value: []byte("order-msg-" + o.OrderID)}}})
+			Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte("order-msg-" + o.OrderID)}}})
 	}
 	if err := w.WriteMessages(ctx, msgs...); err != nil {
 		return nil, fmt.Errorf("produce orders: %w", err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq/broker/kafkaadapter"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
@@ -126,7 +127,7 @@ func produce(ctx context.Context, brokers []string, topic string, msgs []streamM
 	for _, m := range msgs {
 		b, _ := json.Marshal(m.p)
 		if err := w.WriteMessages(ctx, kafka.Message{Key: []byte(m.p.Account), Value: b,
-			Headers: []kafka.Header{{Key: kafkaadapter.DefaultMessageIDHeader, Value: []byte(m.messageID)}}}); err != nil {
+			Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte(m.messageID)}}}); err != nil {
 			return fmt.Errorf("produce: %w", err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
+	"github.com/idemq/idemq/wire"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -129,14 +130,14 @@ func (e *emitter) emit(ev event) {
 }
 
 // newOrderMessage builds the message for o. messageID, when not empty, is
-// set as the "message-id" property (as idemq's outbox relay does); the order
+// set as the wire.MessageIDHeader property (as idemq's outbox relay does); the order
 // ID is always the message Keys.
 func newOrderMessage(topic string, o Order, messageID string) *primitive.Message {
 	body, _ := json.Marshal(o)
 	m := primitive.NewMessage(topic, body)
 	m.WithKeys([]string{o.OrderID})
 	if messageID != "" {
-		m.WithProperty("message-id", messageID)
+		m.WithProperty(wire.MessageIDHeader, messageID)
 	}
 	return m
 }

@@ -25,7 +25,6 @@ const configDoc = "docs/configuration.md"
 // end in Config or Options: they are fields of, or inputs to, a Config.
 var extraStructs = map[string]bool{
 	"dedup.FingerprintKey": true, // dedup.NewFingerprinter's keys (pgstore.Config.Fingerprinter)
-	"outbox.Hooks":         true, // outbox.RelayConfig.Hooks
 	"pgstore.RetryPolicy":  true, // pgstore.Config.TransientRetry, OutcomeUnknownRetry
 }
 

@@ -3,7 +3,7 @@
 // their own storage and then hand the execution to Run, which runs the
 // handler under heartbeats and records the outcome through the store's
 // Marks. It is internal: stores outside this module implement
-// dedup.Store.ProcessLeased themselves and are checked by dedup/storetest.
+// pgstore.Store.ProcessLeased themselves and are checked by dedup/storetest.
 package lease
 
 import (

@@ -32,7 +32,7 @@ func TestRunMarkErrors(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	id := dedup.Identity{Scope: "s", MessageID: "m-1"}
 	lease := dedup.Lease{Identity: id, Record: id, Attempt: 1, Fence: 1}
-	opt := dedup.LeaseOptions{TTL: time.Minute, Heartbeat: -1}
+	opt := dedup.LeaseOptions{TTL: time.Minute, DisableHeartbeat: true}
 	for _, h := range []dedup.LeaseHandler{
 		func(context.Context, *dedup.Message) error { return nil },
 		func(context.Context, *dedup.Message) error { return errors.New("provider said no") },

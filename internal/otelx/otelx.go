@@ -3,6 +3,7 @@ package otelx
 import (
 	"context"
 
+	"github.com/idemq/idemq/wire"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -16,7 +17,7 @@ func Inject(ctx context.Context, headers map[string]string) map[string]string {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return headers
 	}
-	if _, ok := headers["traceparent"]; ok {
+	if _, ok := headers[wire.TraceparentHeader]; ok {
 		return headers
 	}
 	out := make(map[string]string, len(headers)+2)

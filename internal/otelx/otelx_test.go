@@ -5,18 +5,20 @@ import (
 	"testing"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq/wire"
 )
 
 func TestInjectExtractRoundTrip(t *testing.T) {
 	sc := trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5}, TraceFlags: trace.FlagsSampled})
 	ctx := trace.ContextWithSpanContext(context.Background(), sc)
-	in := map[string]string{"message-id": "m-1"}
+	in := map[string]string{wire.MessageIDHeader: "m-1"}
 	out := Inject(ctx, in)
 	if _, ok := in["traceparent"]; ok {
 		t.Fatal("Inject modified its input")
 	}
-	if out["traceparent"] == "" || out["message-id"] != "m-1" {
+	if out["traceparent"] == "" || out[wire.MessageIDHeader] != "m-1" {
 		t.Fatalf("headers = %v", out)
 	}
 	got := trace.SpanContextFromContext(Extract(context.Background(), out))

@@ -6,6 +6,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/kafkapub"
+	"github.com/idemq/idemq/wire"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -30,7 +31,7 @@ func ExampleMessage() {
 		ID:      uuid.MustParse("0190a5c4-5d2e-7b3a-8c1d-2e3f4a5b6c7d"),
 		Topic:   "order.confirmed",
 		Key:     []byte("order-42"),
-		Headers: map[string]string{"message-id": "0190a5c4-5d2e-7b3a-8c1d-2e3f4a5b6c7d", "content-type": "application/json"},
+		Headers: map[string]string{wire.MessageIDHeader: "0190a5c4-5d2e-7b3a-8c1d-2e3f4a5b6c7d", "content-type": "application/json"},
 		Payload: []byte(`{"order":"order-42"}`),
 	})
 	fmt.Println(m.Topic, string(m.Key), string(m.Value))

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemq/idemq/broker/kafkaadapter"
+	"github.com/idemq/idemq/internal/kafkaadmin"
 	"github.com/idemq/idemq/outbox"
 	"github.com/segmentio/kafka-go"
 )
@@ -36,8 +36,8 @@ type Config struct {
 	// Compression of produce requests. Default none.
 	Compression kafka.Compression
 	// CreateTopics creates a topic (TopicPartitions partitions, replication
-	// factor 1) before the first publish to it, through
-	// kafkaadapter.EnsureTopics. Default false: publishing to a missing
+	// factor 1) before the first publish to it, as
+	// kafkaadapter.EnsureTopics does (same code). Default false: publishing to a missing
 	// topic fails, and its rows retry until an operator creates it.
 	CreateTopics bool
 	// TopicPartitions is the partition count of topics made by
@@ -311,7 +311,7 @@ func (p *Publisher) partitions(ctx context.Context, topic string) ([]int, error)
 		return tp.ids, nil
 	}
 	if p.cfg.CreateTopics && !ok {
-		if err := kafkaadapter.EnsureTopics(ctx, p.cfg.Brokers, p.cfg.TopicPartitions, topic); err != nil {
+		if err := kafkaadmin.EnsureTopics(ctx, p.cfg.Brokers, p.cfg.TopicPartitions, topic); err != nil {
 			return nil, err
 		}
 	}

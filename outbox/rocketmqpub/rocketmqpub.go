@@ -28,8 +28,13 @@ type Config struct {
 	InstanceName string
 	// Retries is how often the client re-sends after a send error before
 	// reporting failure to the relay (which retries with its own backoff).
-	// Default 2. Set -1 for none.
+	// Default 2; must not be negative (zero means the default) and must be
+	// zero with DisableRetries.
 	Retries int
+	// DisableRetries makes the client send once: a send error goes straight
+	// to the relay, which retries the row with its own backoff. Default
+	// false (retry Retries times).
+	DisableRetries bool
 	// SendTimeout bounds one send. Default 3s.
 	SendTimeout time.Duration
 	// Concurrency is how many sends (Publish) or keys (PublishChains) of one
@@ -60,6 +65,9 @@ func New(cfg Config) (*Publisher, error) {
 	if len(cfg.NameServers) == 0 {
 		return nil, fmt.Errorf("%w: NameServers is required", ErrInvalidConfig)
 	}
+	if err := cfg.validateNames(); err != nil {
+		return nil, err
+	}
 	if cfg.GroupName == "" {
 		cfg.GroupName = "idemq_relay"
 	}
@@ -69,10 +77,12 @@ func New(cfg Config) (*Publisher, error) {
 		cfg.InstanceName = fmt.Sprintf("idemq-relay-%d-%s", os.Getpid(), hex.EncodeToString(b))
 	}
 	switch {
-	case cfg.Retries == 0:
-		cfg.Retries = 2
 	case cfg.Retries < 0:
-		cfg.Retries = 0
+		return nil, fmt.Errorf("%w: Retries %d must not be negative; to send once set DisableRetries", ErrInvalidConfig, cfg.Retries)
+	case cfg.DisableRetries && cfg.Retries != 0:
+		return nil, fmt.Errorf("%w: Retries %d is set together with DisableRetries; leave it zero", ErrInvalidConfig, cfg.Retries)
+	case cfg.Retries == 0 && !cfg.DisableRetries:
+		cfg.Retries = 2
 	}
 	if cfg.SendTimeout == 0 {
 		cfg.SendTimeout = 3 * time.Second
@@ -184,6 +194,16 @@ func (p *Publisher) send(ctx context.Context, e outbox.Envelope) error {
 	}
 	if res.Status != primitive.SendOK {
 		return fmt.Errorf("%w: %s to %s: status %d", ErrNotSendOK, e.ID, e.Topic, res.Status)
+	}
+	return nil
+}
+
+// validateNames checks the fields New checks before it starts a client.
+func (c Config) validateNames() error {
+	for i, ns := range c.NameServers {
+		if ns == "" {
+			return fmt.Errorf("%w: NameServers[%d] is empty", ErrInvalidConfig, i)
+		}
 	}
 	return nil
 }

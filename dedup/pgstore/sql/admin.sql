@@ -1,0 +1,62 @@
+-- The operator's statements (admin.go, redrive.go). {{.redrives}} is the
+-- audit table of RedriveAsNew, "<Schema>"."<DeadLettersTable>_redrives".
+
+-- fragment: record_columns
+scope, message_id, business_key, fingerprint, fingerprint_key_id, status,
+  attempts, last_error, last_error_class, fence, source, reconsume_times, created_at, updated_at, expires_at
+
+-- name: lookup_by_message_id
+select {{template "record_columns"}}
+from {{.records}} where scope = $1 and message_id = $2 and message_id <> '';
+
+-- name: lookup_by_business_key
+select {{template "record_columns"}}
+from {{.records}} where scope = $1 and business_key = $2 and business_key <> '';
+
+-- name: dead_letters_list
+-- $1 scope, $2 after this dead letter id, $3 limit.
+select d.id, d.scope, d.message_id, d.business_key, d.reason, d.error, d.error_class,
+  d.attempts, d.topic, d.message_key, d.payload, d.headers, d.source, d.created_at, d.redriven_at,
+  coalesce(r.new_message_id, '')
+from {{.dead_letters}} d left join {{.redrives}} r on r.dead_letter_id = d.id
+where d.scope = $1 and d.id > $2 order by d.id limit $3;
+
+-- name: redrive_record
+update {{.records}}
+set status = 'FAILED_RETRYABLE', expires_at = null, updated_at = now()
+where scope = $1 and message_id = $2 and status = 'FAILED_FINAL';
+
+-- name: redrive_record_status
+select status from {{.records}} where scope = $1 and message_id = $2;
+
+-- name: redrive_dead_letters
+update {{.dead_letters}} set redriven_at = now()
+where scope = $1 and message_id = $2 and redriven_at is null;
+
+-- name: purge
+-- At most $1 expired records; concurrent purges skip each other's rows.
+delete from {{.records}} where id in (
+  select id from {{.records}} where expires_at < now() order by expires_at limit $1 for update skip locked);
+
+-- name: dead_letter_lock
+-- FOR UPDATE serializes two operators re-driving the same dead letter.
+select id, scope, message_id, business_key, reason, error, error_class, attempts,
+  topic, message_key, payload, headers, source, created_at, redriven_at
+from {{.dead_letters}} where id = $1 and scope = $2 for update;
+
+-- name: business_key_holder
+select message_id from {{.records}} where scope = $1 and business_key = $2 and business_key <> '';
+
+-- name: redrive_audit_insert
+insert into {{.redrives}}
+  (dead_letter_id, scope, message_id, new_message_id, business_key, reason, forced, operator)
+values ($1, $2, $3, $4, $5, $6, $7, $8)
+on conflict (dead_letter_id) do nothing
+returning id, created_at;
+
+-- name: redrive_audit_get
+select id, new_message_id, created_at, published_at from {{.redrives}} where dead_letter_id = $1;
+
+-- name: redrive_audit_published
+update {{.redrives}} set published_at = coalesce(published_at, now())
+where id = $1 returning published_at;
