@@ -11,6 +11,7 @@
 //     committed offsets, so they survive rebalances (see "Progress across
 //     rebalances" below); retries happen in place and dead letters go to
 //     Postgres.
+//
 //   - Listener and PushConsumer: NewPushConsumer(c, cfg) makes c the
 //     listener of a push consumer in clustering mode, for teams wrapping
 //     existing listeners. NewListener binds c's push entry point
@@ -22,9 +23,9 @@
 //     ConsumeResult; only then is the broker answered. The client owns the
 //     offsets.
 //
-//	c, err := consumer.New(consumer.Config{Scope: "order-svc", Store: store, Handler: h})
-//	pc, err := rocketmqadapter.NewPushConsumer(c, rocketmqadapter.Config{
-//		NameServers: ns, Group: "order-svc", Topic: "orders"})
+//     c, err := consumer.New(consumer.Config{Scope: "order-svc", Store: store, Handler: h})
+//     pc, err := rocketmqadapter.NewPushConsumer(c, rocketmqadapter.Config{
+//     NameServers: ns, Group: "order-svc", Topic: "orders"})
 //
 // The rest of this documentation describes the push listener unless it
 // names the Source.
