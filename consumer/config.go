@@ -127,12 +127,12 @@ type Config struct {
 	// is a failed attempt of class "timeout" (errors.Is
 	// context.DeadlineExceeded), retried and dead-lettered like any other
 	// retryable failure. A handler that ignores its ctx is not stopped.
-	// A handler cut off inside a Postgres statement: with pgx's default
-	// context handling the deadline closes the connection, the transaction
-	// is lost and nothing is counted (an outcome-unknown error, redelivered
-	// without end); build the pool with pgconn.CancelRequestContextWatcherHandler
-	// (pgconn.Config.BuildContextWatcherHandler) so that the deadline cancels
-	// the statement instead and the attempt is recorded.
+	// A handler cut off inside a Postgres statement is counted too: with
+	// pgx's default context handling the deadline closes the connection,
+	// and dedup/pgstore then marks the failed attempt in a new transaction;
+	// a pool built with pgconn.CancelRequestContextWatcherHandler
+	// (pgconn.Config.BuildContextWatcherHandler) cancels the statement
+	// instead and keeps the connection (error class pg:57014).
 	// Default 0: no bound. It must not be negative. A push adapter checks it
 	// against its broker's timers (PushConfig.CallTimeout: MaxHandlerDuration
 	// × DeliveriesPerCall must be below it). Applied by the timeout

@@ -30,8 +30,20 @@ func commitFailureClass(err error) dedup.FailureClass {
 // it ran in: the caller's context ended or the transaction's connection is
 // gone (outcome unknown, not the handler's failure), a transient error, a
 // permanent one, or else the handler's failure.
+//
+// A connection closed by the handler's own deadline is the handler's failure:
+// pgx interrupts a statement whose context ends by closing the connection
+// (unless the pool uses pgconn.CancelRequestContextWatcherHandler), so a
+// handler cut off by consumer.Config.MaxHandlerDuration, or by a deadline it
+// set itself, inside a statement leaves a closed connection and an error
+// wrapping context.DeadlineExceeded while the caller's ctx is alive. It is
+// counted and marked in a new transaction; otherwise such a message would be
+// redelivered, and cut off, forever.
 func handlerFailureClass(ctx context.Context, tx pgx.Tx, herr error) dedup.FailureClass {
-	if ctx.Err() != nil || (tx != nil && tx.Conn() != nil && tx.Conn().IsClosed()) {
+	if ctx.Err() != nil {
+		return dedup.FailureOutcomeUnknown
+	}
+	if tx != nil && tx.Conn() != nil && tx.Conn().IsClosed() && !errors.Is(herr, context.DeadlineExceeded) {
 		return dedup.FailureOutcomeUnknown
 	}
 	switch c := classify(herr); c {

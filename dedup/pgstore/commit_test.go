@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // atCommit installs on table tbl (of the test's schema) a deferred
@@ -431,4 +432,53 @@ func TestHandlerIsolationLevel(t *testing.T) {
 			t.Fatalf("on call = %d, want 0 (both updates applied, one after a retry)", n)
 		}
 	})
+}
+
+// A handler cut off by its own deadline inside a statement (pgx's default
+// context watcher closes the connection to interrupt it) is the handler's
+// failure: counted and marked in a new transaction, dead-lettered after
+// MaxAttempts, in atomic and batched modes. Before, the closed connection
+// made it "outcome unknown", never counted, so such a message came back and
+// was cut off forever (with consumer.Config.MaxHandlerDuration, holding its
+// partition).
+func TestHandlerDeadlineInsideAStatementIsCounted(t *testing.T) {
+	t.Parallel()
+	for _, batched := range []bool{false, true} {
+		t.Run(map[bool]string{false: "atomic", true: "batched"}[batched], func(t *testing.T) {
+			e := newEnv(t, func(c *Config) { c.MaxAttempts = 2 })
+			pool := e.newPool(func(*pgxpool.Config) {}) // pgx's default context watcher: it closes the connection
+			st := e.newStore(pool, func(c *Config) { c.MaxAttempts = 2 })
+			stuck := func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
+				hctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				defer cancel()
+				_, err := tx.Exec(hctx, `select pg_sleep(30)`)
+				return err
+			}
+			run := func() dedup.Result {
+				t.Helper()
+				m := e.msg("m-stuck", "", "x")
+				if batched {
+					rs, err := st.ProcessBatch(e.ctx, []*dedup.Message{m}, stuck)
+					if err != nil || len(rs) != 1 {
+						t.Fatalf("ProcessBatch = %+v, %v; want one result and no error (the handler's failure is recorded)", rs, err)
+					}
+					return rs[0]
+				}
+				r, err := st.Process(e.ctx, m, stuck)
+				if err != nil {
+					t.Fatalf("Process: %v; want no error: the handler's deadline is its failure, recorded", err)
+				}
+				return r
+			}
+			if r := run(); r.Outcome != dedup.OutcomeRetry || !errors.Is(r.Err, context.DeadlineExceeded) {
+				t.Fatalf("first cut-off run = %+v; want a counted retry with the deadline as its error", r)
+			}
+			if rec := e.record("m-stuck"); rec.Status != dedup.StatusFailedRetryable || rec.Attempts != 1 {
+				t.Fatalf("record after the first run = %+v; want FAILED_RETRYABLE, 1 attempt", rec)
+			}
+			if r := run(); r.Outcome != dedup.OutcomeDeadLetter {
+				t.Fatalf("second cut-off run = %+v; want a dead letter at MaxAttempts 2", r)
+			}
+		})
+	}
 }
