@@ -141,9 +141,8 @@ func (h Harness) validate() error {
 	return nil
 }
 
-// Features marks what a store cannot do. The suite skips the cases that
-// need it, with t.Skip naming the feature, so a skip is explicit in the
-// test output (and the same under CI).
+// Features marks what a store cannot do. The suite does not run the cases
+// that need it and logs them once, naming the feature.
 type Features struct {
 	// NoStartMarkers: in atomic or batched mode, the store does not
 	// implement StartMarker, so a handler that kills its process is not
