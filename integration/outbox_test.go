@@ -75,14 +75,22 @@ func TestOutboxS15DuplicateInputPublishesNothingNew(t *testing.T) {
 			}
 			down := o.startDownstream(t, topic)
 			tr := newTracker(obKafkaPub(t))
-			o.startRelay(t, tr.as("relay-a"), fastRelay("relay-a"))
+			relayOb, polls := o.polledOutbox(t)
+			rr := o.startRelayOn(t, relayOb, tr.as("relay-a"), fastRelay("relay-a"))
 			e1, e2 := h.ids[0][0].String(), h.ids[0][1].String()
 			eventually(t, 60*time.Second, "E1 and E2 downstream", func() bool { return down.totalCalls() >= 2 })
 			if !before {
 				redeliver()
 			}
-			// Give a republish, if one were to happen, time to arrive.
-			time.Sleep(time.Second)
+			// A republish, if one were to happen, is on the topic and
+			// handled downstream before the checks: both rows are marked,
+			// the relay has been through the table twice more since the
+			// redelivery and is stopped (nothing more can be published),
+			// and the downstream group has caught up with the topic.
+			eventually(t, 60*time.Second, "E1 and E2 marked", func() bool { return o.stats(t).Published >= 2 })
+			polls.waitMore(t, 2, "two relay polls after the redelivery")
+			rr.stop(t)
+			down.settle(t, topic)
 
 			if got := h.calls.Load(); got != 1 {
 				t.Fatalf("upstream handler calls = %d, want 1", got)
@@ -411,10 +419,12 @@ func TestRelayTwoRelays10000RowsOver50Keys(t *testing.T) {
 	relayed := time.Since(start)
 	eventually(t, 240*time.Second, "10,000 effects downstream", func() bool { return down.totalCalls() >= 10_000 })
 	consumed := time.Since(start)
-	time.Sleep(500 * time.Millisecond)
+	// Final counts: the relays are stopped (they publish nothing more) and
+	// the downstream group has handled every copy on the topic.
 	for _, r := range relays {
 		r.stop(t)
 	}
+	down.settle(t, topic)
 
 	count, byRelay, overlaps, failures := tr.snapshot()
 	for _, name := range []string{"relay-a", "relay-b"} {
@@ -446,11 +456,13 @@ func TestRelayTwoRelays10000RowsOver50Keys(t *testing.T) {
 		relayed.Round(time.Millisecond), 10_000/relayed.Seconds(), consumed.Round(time.Millisecond), byRelay, republished, failures, down.metrics.Get("duplicate"))
 }
 
-// The broker is unreachable for 10 s while rows are relayed (a Publisher
-// wrapper fails every publish, as a relay sees a down broker), and flaky
-// before and after: rows wait and retry, nothing is lost or parked, order per
-// key holds, effects exactly once.
-func TestRelayBrokerDown10s(t *testing.T) {
+// The broker is unreachable while rows are relayed (a Publisher wrapper fails
+// every publish, as a relay sees a down broker), and flaky before and after:
+// rows wait and retry, nothing is lost or parked, order per key holds,
+// effects exactly once. The outage lasts until the head of every key has
+// failed outageFailures times (its retry delay grown to RetryMax, a few
+// seconds of outage), counted on the rows, not on a clock.
+func TestRelayBrokerOutage(t *testing.T) {
 	t.Parallel()
 	o := setupOutbox(t)
 	topic := newTopic(t, 3)
@@ -481,7 +493,7 @@ func TestRelayBrokerDown10s(t *testing.T) {
 	r := o.startRelay(t, tr.as("relay-a"), cfg)
 	cfgB := cfg
 	cfgB.Name = "relay-b"
-	o.startRelay(t, tr.as("relay-b"), cfgB)
+	rB := o.startRelay(t, tr.as("relay-b"), cfgB)
 
 	want := o.addRows(t, topic, 500, 20, "before")
 	eventually(t, 60*time.Second, "first wave marked", func() bool { return o.stats(t).Published == 500 })
@@ -492,7 +504,23 @@ func TestRelayBrokerDown10s(t *testing.T) {
 	for k, v := range during {
 		want[k] = v
 	}
-	time.Sleep(10*time.Second - time.Since(outageStart))
+	// 200ms, 400ms, 800ms, 1.6s, then RetryMax (2s): by its 5th failure a
+	// head waits RetryMax between tries. Rows behind a failed head are not
+	// tried, so the heads carry the attempts.
+	const outageFailures = 5
+	eventually(t, 120*time.Second, fmt.Sprintf("every key's head failed %d times in the outage", outageFailures), func() bool {
+		heads := map[string]bool{}
+		for _, row := range o.outboxRows(t) {
+			if row.PublishedAt != nil || heads[string(row.Key)] {
+				continue
+			}
+			heads[string(row.Key)] = true
+			if row.Attempts < outageFailures || !strings.Contains(row.LastError, "simulated outage") {
+				return false
+			}
+		}
+		return len(heads) == 20
+	})
 	s := o.stats(t)
 	var waiting, withError int
 	for _, row := range o.outboxRows(t) {
@@ -504,10 +532,11 @@ func TestRelayBrokerDown10s(t *testing.T) {
 		}
 	}
 	if s.Pending != 500 || s.Parked != 0 || withError == 0 {
-		t.Fatalf("after 10s outage: stats %+v, %d waiting, %d with the outage error", s, waiting, withError)
+		t.Fatalf("after an outage of %s: stats %+v, %d waiting, %d with the outage error", time.Since(outageStart).Round(time.Millisecond), s, waiting, withError)
 	}
 	outage.Store(false)
 	outageEnd := time.Now()
+	outageLasted := outageEnd.Sub(outageStart)
 	after := o.addRows(t, topic, 200, 20, "after")
 	for k, v := range after {
 		want[k] = v
@@ -515,7 +544,11 @@ func TestRelayBrokerDown10s(t *testing.T) {
 	eventually(t, 60*time.Second, "all rows marked after the outage", func() bool { return o.stats(t).Published == int64(len(want)) })
 	recovered := time.Since(outageEnd)
 	eventually(t, 120*time.Second, "all effects downstream", func() bool { return down.totalCalls() >= len(want) })
-	time.Sleep(500 * time.Millisecond)
+	// Final counts: both relays are stopped (they publish nothing more) and
+	// the downstream group has handled every copy on the topic.
+	r.stop(t)
+	rB.stop(t)
+	down.settle(t, topic)
 
 	_, _, overlaps, failures := tr.snapshot()
 	if len(overlaps) > 0 {
@@ -528,8 +561,8 @@ func TestRelayBrokerDown10s(t *testing.T) {
 	if got := down.totalCalls(); got != len(want) {
 		t.Fatalf("downstream handler calls = %d, want %d", got, len(want))
 	}
-	t.Logf("publish failures %d (flaky %d); caught up %s after the outage; relay-a stats %+v",
-		failures, flakes.Load(), recovered.Round(time.Millisecond), r.r.Stats())
+	t.Logf("outage %s; publish failures %d (flaky %d); caught up %s after the outage; relay-a stats %+v",
+		outageLasted.Round(time.Millisecond), failures, flakes.Load(), recovered.Round(time.Millisecond), r.r.Stats())
 }
 
 // Rows that keep failing are parked with their error, hold back their key,
@@ -549,7 +582,8 @@ func TestRelayParksAndUnparks(t *testing.T) {
 	}
 	cfg := fastRelay("relay")
 	cfg.RetryInitial, cfg.RetryMax, cfg.MaxAttempts = 10*time.Millisecond, 20*time.Millisecond, 3
-	r := o.startRelay(t, tr.as("relay"), cfg)
+	relayOb, polls := o.polledOutbox(t)
+	r := o.startRelayOn(t, relayOb, tr.as("relay"), cfg)
 	want := o.addRows(t, topic, 20, 2, "park") // key-00 and key-01, 10 rows each
 	eventually(t, 30*time.Second, "key-00's head parked and key-01 published", func() bool {
 		s := o.stats(t)
@@ -559,7 +593,9 @@ func TestRelayParksAndUnparks(t *testing.T) {
 	if err != nil || len(parked) != 1 || parked[0].Attempts != 3 || !strings.Contains(parked[0].LastError, "MESSAGE_TOO_LARGE") {
 		t.Fatalf("parked = %+v, %v", parked, err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	// Held back, not merely not yet reached: the relay has been through the
+	// table three more times since the head was parked.
+	polls.waitMore(t, 3, "three relay polls while key-00's head is parked")
 	if s := o.stats(t); s.Published != 10 || s.Pending != 9 {
 		t.Fatalf("while parked: %+v, want key-00's 9 later rows waiting", s)
 	}
@@ -614,7 +650,11 @@ func TestRelayPurgesPublishedRows(t *testing.T) {
 	if err != nil || n != 0 {
 		t.Fatalf("purge within retention = %d, %v", n, err)
 	}
-	time.Sleep(20 * time.Millisecond)
+	// Purge compares published_at with the database's now(): wait until
+	// every published row is more than 10ms old by that clock.
+	eventually(t, 60*time.Second, "every published row older than 10ms in database time", func() bool {
+		return o.count(`select count(*) from `+o.table("outbox")+` where published_at > now() - interval '10 milliseconds'`) == 0
+	})
 	n, err = o.ob.Purge(o.ctx, 10*time.Millisecond, 100)
 	if err != nil || n != 250 {
 		t.Fatalf("purge = %d, %v; want 250", n, err)
@@ -722,7 +762,10 @@ func TestOutboxAddStoresRows(t *testing.T) {
 }
 
 // LISTEN/NOTIFY wakes an idle relay at once; with LISTEN off, polling finds
-// the rows.
+// the rows. Each relay is idle before the rows are written: the listener has
+// finished a poll begun after its LISTEN (PollInterval is an hour, so only a
+// notification makes it look again), and the poller has finished its first
+// poll (so a later poll finds the rows).
 func TestRelayWakesOnNotifyAndPolls(t *testing.T) {
 	t.Parallel()
 	o := setupOutbox(t)
@@ -730,8 +773,9 @@ func TestRelayWakesOnNotifyAndPolls(t *testing.T) {
 	pub := obKafkaPub(t)
 	notifyCfg := fastRelay("listener")
 	notifyCfg.PollInterval = time.Hour
-	rr := o.startRelay(t, pub, notifyCfg)
-	time.Sleep(500 * time.Millisecond) // let it go idle
+	listenOb, listenPolls := o.polledOutbox(t)
+	rr := o.startRelayOn(t, listenOb, pub, notifyCfg)
+	listenPolls.waitIdleListening(t)
 	start := time.Now()
 	o.addRows(t, topic, 5, 5, "notify")
 	eventually(t, 10*time.Second, "published through NOTIFY", func() bool { return o.stats(t).Published == 5 })
@@ -740,8 +784,9 @@ func TestRelayWakesOnNotifyAndPolls(t *testing.T) {
 
 	pollCfg := fastRelay("poller")
 	pollCfg.DisableListen, pollCfg.PollInterval = true, 300*time.Millisecond
-	o.startRelay(t, pub, pollCfg)
-	time.Sleep(500 * time.Millisecond)
+	pollOb, pollPolls := o.polledOutbox(t)
+	o.startRelayOn(t, pollOb, pub, pollCfg)
+	pollPolls.waitMore(t, 1, "the poller's first poll")
 	o.addRows(t, topic, 5, 5, "poll")
 	eventually(t, 10*time.Second, "published by polling", func() bool { return o.stats(t).Published == 10 })
 }

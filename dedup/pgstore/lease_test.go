@@ -7,6 +7,7 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,10 +16,12 @@ import (
 )
 
 // S13: lease mode for side effects outside the database. Owner A claims with
-// a 4 s lease and stalls 10 s without heartbeats; a copy at 1 s finds the
-// lease live; B at 6 s takes over and completes; A's completion is fenced and
-// not acked. (The scenario's 2 s / 5 s / 3 s, with margins for a loaded
-// machine.)
+// a 4 s lease and stalls without heartbeats until B is done; a copy while
+// A's lease is live finds it held; B, once the lease has expired in database
+// time, takes over and completes; A's completion is fenced and not acked.
+// (The scenario's 2 s / 5 s / 3 s as conditions: the copy runs while
+// lease_until is ahead of the database's now(), B once it is not; the 4 s
+// TTL is the margin for a loaded machine between the claim and the copy.)
 func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 	e := newEnv(t, nil)
 	provider := e.table("provider_charges")
@@ -41,6 +44,9 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 	}
 	aDone := make(chan outcome, 1)
 	claimed := make(chan struct{})
+	release := make(chan struct{})
+	releaseA := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseA)
 	go func() {
 		res, err := e.store.ProcessLeased(e.ctx, e.msg("m-13", "charge-13", "x"), func(ctx context.Context, _ *dedup.Message) error {
 			l, _ := dedup.LeaseFromContext(ctx)
@@ -49,30 +55,28 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 			if err := charge(ctx, "A"); err != nil {
 				return err
 			}
-			time.Sleep(10 * time.Second) // stalled: no heartbeat
+			<-release // stalled, no heartbeat: until B has taken over and completed
 			return nil
 		}, opt)
 		aDone <- outcome{res, err}
 	}()
 	<-claimed
-	var leaseLeft float64
-	if err := e.pool.QueryRow(e.ctx, `select extract(epoch from lease_until - now()) from `+e.records()+` where scope = $1 and message_id = 'm-13'`, e.scope).Scan(&leaseLeft); err != nil {
-		t.Fatal(err)
-	}
-	if leaseLeft <= 0 || leaseLeft > 4.01 {
-		t.Fatalf("lease_until - database now() = %.3fs, want within (0, 4]", leaseLeft)
+	if left := e.leaseLeft("m-13"); left <= 0 || left > 4.01 {
+		t.Fatalf("lease_until - database now() = %.3fs, want within (0, 4]", left)
 	}
 
-	time.Sleep(time.Second)
 	early, err := e.store.ProcessLeased(e.ctx, e.msg("m-13", "charge-13", "x"), func(context.Context, *dedup.Message) error {
 		t.Error("handler ran while the lease was live")
 		return nil
 	}, opt)
 	if err != nil || early.Outcome != dedup.OutcomeRetry || !errors.Is(early.Err, dedup.ErrLeaseHeld) || early.Outcome.Acked() {
-		t.Fatalf("copy at 1s: %+v %v, want retry (lease held, not acked)", early, err)
+		t.Fatalf("copy during A's lease: %+v %v, want retry (lease held, not acked)", early, err)
+	}
+	if left := e.leaseLeft("m-13"); left <= 0 {
+		t.Fatalf("A's lease ran out (%.3fs left) before the copy was answered: the copy did not meet a live lease (the machine stalled for longer than the TTL)", left)
 	}
 
-	time.Sleep(5 * time.Second) // 6 s: A's lease has expired, A still stalls
+	e.waitLeaseExpired("m-13") // A still stalls
 	var bFence int64
 	b, err := e.store.ProcessLeased(e.ctx, e.msg("m-13", "charge-13", "x"), func(ctx context.Context, _ *dedup.Message) error {
 		l, _ := dedup.LeaseFromContext(ctx)
@@ -82,6 +86,7 @@ func TestS13LeaseLostWhileOwnerWorks(t *testing.T) {
 	if err != nil || b.Outcome != dedup.OutcomeProcessed || b.Attempts != 2 {
 		t.Fatalf("B: %+v %v, want processed on attempt 2", b, err)
 	}
+	releaseA()
 	a := <-aDone
 	if a.err != nil || a.res.Outcome != dedup.OutcomeFenced || !errors.Is(a.res.Err, dedup.ErrFenced) || a.res.Outcome.Acked() {
 		t.Fatalf("A: %+v %v, want fenced and not acked", a.res, a.err)
@@ -129,7 +134,14 @@ func TestS14ClockSkewUsesDatabaseTime(t *testing.T) {
 		done <- res
 	}()
 	<-claimed
-	time.Sleep(500 * time.Millisecond)
+	// The owner's lease in the skewed database time: written from the
+	// database's now() (10 minutes behind), so it is live now and for at
+	// most its TTL. A lease_until taken from the application's clock would
+	// be 10 minutes ahead of it.
+	var leaseLeft float64
+	if err := pool.QueryRow(base.ctx, `select extract(epoch from lease_until - now()) from `+base.records()+` where message_id = 'm-14'`).Scan(&leaseLeft); err != nil || leaseLeft <= 0 || leaseLeft > 3.01 {
+		t.Fatalf("lease_until - database now() = %.3fs (%v), want within (0, 3]", leaseLeft, err)
+	}
 	copyRes, err := st.ProcessLeased(base.ctx, base.msg("m-14", "", "x"), func(context.Context, *dedup.Message) error {
 		return errors.New("early takeover")
 	}, opt)

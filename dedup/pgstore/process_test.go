@@ -130,17 +130,24 @@ func TestS10UniqueViolations(t *testing.T) {
 
 // S04: a zombie copy arrives while the first handler still holds its
 // transaction; it waits on the record and ends as a duplicate, never a failure.
+// The first handler holds its transaction until the zombie's backend is seen
+// waiting on a lock (pg_stat_activity), or the zombie has returned.
 func TestS04ZombieConsumer(t *testing.T) {
 	e := newEnv(t, nil)
 	tbl := e.table("payments")
 	e.exec(`create table ` + tbl + ` (payment_id text primary key, amount bigint not null)`)
 	calls := atomic.Int64{}
+	holding := make(chan struct{}, 2)
+	release := make(chan struct{})
+	releaseFirst := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseFirst)
 	slow := func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 		calls.Add(1)
 		if _, err := tx.Exec(ctx, `insert into `+tbl+` (payment_id, amount) values ('p-500', 1)`); err != nil {
 			return err
 		}
-		time.Sleep(6 * time.Second)
+		holding <- struct{}{}
+		<-release
 		return nil
 	}
 	type outcome struct {
@@ -152,8 +159,32 @@ func TestS04ZombieConsumer(t *testing.T) {
 		res, err := e.store.Process(e.ctx, e.msg("m-500", "", "x"), slow)
 		first <- outcome{res, err}
 	}()
-	time.Sleep(4 * time.Second)
-	res, err := e.store.Process(e.ctx, e.msg("m-500", "", "x"), slow)
+	<-holding // the first copy's transaction holds the record and the payment
+	// The zombie runs on a pool of its own, named so that its backend can be
+	// told from other tests' in pg_stat_activity.
+	app := "s04_zombie_" + randomHex(4)
+	zombieStore := e.newStore(e.newPool(func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app }), nil)
+	second := make(chan outcome, 1)
+	go func() {
+		res, err := zombieStore.Process(e.ctx, e.msg("m-500", "", "x"), slow)
+		second <- outcome{res, err}
+	}()
+	var z outcome
+	zombieDone := false
+	e.eventually("the zombie copy to wait on the first copy's lock (or to return)", func() bool {
+		select {
+		case z = <-second:
+			zombieDone = true
+			return true
+		default:
+		}
+		return e.lockWaiters(app) > 0
+	})
+	releaseFirst()
+	if !zombieDone {
+		z = <-second
+	}
+	res, err := z.res, z.err
 	f := <-first
 	if f.err != nil || f.res.Outcome != dedup.OutcomeProcessed {
 		t.Fatalf("first copy: %+v %v", f.res, f.err)
