@@ -468,7 +468,7 @@ func header(m kafka.Message, name string) string {
 // outboxRows returns the outbox rows of the test schema in seq order.
 func (o *obEnv) outboxRows(t testing.TB) []outbox.Row {
 	t.Helper()
-	rows, err := o.ob.List(o.ctx, 0, 10_000, false)
+	rows, err := o.ob.List(o.ctx, outbox.ListOptions{Limit: 10_000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,14 +88,26 @@ func (o *Outbox) Get(ctx context.Context, id uuid.UUID) (Row, error) {
 	return row, nil
 }
 
-// List returns up to limit rows (1 to 10,000) in seq order, starting after
-// seq afterSeq (0 for the start); pending selects only unpublished rows.
-func (o *Outbox) List(ctx context.Context, afterSeq int64, limit int, pending bool) ([]Row, error) {
+// ListOptions select the rows List returns.
+type ListOptions struct {
+	// AfterSeq starts the list after this seq; 0 (the default) starts at the
+	// first row.
+	AfterSeq int64
+	// Limit is how many rows at most: 1 to 10,000. Required.
+	Limit int
+	// PendingOnly lists only rows not yet published (parked ones
+	// included); the default lists every row.
+	PendingOnly bool
+}
+
+// List returns up to opt.Limit rows in seq order, starting after
+// opt.AfterSeq; opt.PendingOnly selects only unpublished rows.
+func (o *Outbox) List(ctx context.Context, opt ListOptions) ([]Row, error) {
 	query := o.q.listAllSQL
-	if pending {
+	if opt.PendingOnly {
 		query = o.q.listPendingSQL
 	}
-	return o.list(ctx, query, afterSeq, limit)
+	return o.list(ctx, query, opt.AfterSeq, opt.Limit)
 }
 
 // Parked returns up to limit parked rows (1 to 10,000), oldest first.

@@ -66,7 +66,8 @@ type Config struct {
 	// package documentation on batches.
 	BatchMaxSize int
 	// MaxReconsumeTimes is how often the broker redelivers a message sent
-	// back before moving it to %DLQ%<group>. Default 16 (0 or -1 mean 16); it
+	// back before moving it to %DLQ%<group>. Default 16 (when 0); 1 to
+	// 10,000. The client's "-1 means 16" is refused: leave it 0. It
 	// must be at least the store's MaxAttempts - 1, so that the attempts
 	// counted in the store, not the broker, decide when a message is final.
 	// The broker's last copy (ReconsumeTimes >= MaxReconsumeTimes) is
@@ -119,7 +120,7 @@ func (c Config) withDefaults() Config {
 	if c.BatchMaxSize == 0 {
 		c.BatchMaxSize = 1
 	}
-	if c.MaxReconsumeTimes == 0 || c.MaxReconsumeTimes == -1 {
+	if c.MaxReconsumeTimes == 0 {
 		c.MaxReconsumeTimes = DefaultMaxReconsumeTimes
 	}
 	if c.ConsumeGoroutines == 0 {
@@ -139,7 +140,7 @@ func (c Config) validate() error {
 	case c.BatchMaxSize < 1 || c.BatchMaxSize > 1024:
 		return fmt.Errorf("%w: BatchMaxSize %d must be 1 to 1024", ErrInvalidConfig, c.BatchMaxSize)
 	case c.MaxReconsumeTimes < 0 || c.MaxReconsumeTimes > 10000:
-		return fmt.Errorf("%w: MaxReconsumeTimes %d must be 1 to 10000 (0 or -1 for 16)", ErrInvalidConfig, c.MaxReconsumeTimes)
+		return fmt.Errorf("%w: MaxReconsumeTimes %d must be 1 to 10000 (leave it 0 for the broker's default 16; -1 is not a default here)", ErrInvalidConfig, c.MaxReconsumeTimes)
 	case c.ConsumeGoroutines < 1 || c.ConsumeGoroutines > 100000:
 		return fmt.Errorf("%w: ConsumeGoroutines %d must be 1 to 100000", ErrInvalidConfig, c.ConsumeGoroutines)
 	case strings.TrimSpace(c.MessageIDProperty) != c.MessageIDProperty:
