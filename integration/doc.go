@@ -18,9 +18,10 @@
 //
 // Each of these failures, seen by teams running Kafka, RocketMQ, outboxes or
 // idempotency keys, is reproduced with the values it was reported with. The
-// scenarios that need Postgres only (S04, S10, S13, S14) are package tests
-// of dedup/pgstore, marked "pgstore:" below; `go test ./dedup/pgstore/` runs
-// them with TEST_POSTGRES_DSN set:
+// scenarios that need Postgres only (S04, S10, S13, S14, and the Postgres
+// parts of S17 and S18) are package tests of dedup/pgstore, marked
+// "pgstore:" below; `go test ./dedup/pgstore/` runs them with
+// TEST_POSTGRES_DSN set:
 //
 //	S01 stale copy after a rebalance: no handler call, no commit below the committed offset  TestS01StaleMessageAfterRebalance
 //	S02 offset ahead of processing; commit call fails after the DB commit                     TestS02OffsetNeverAheadOfProcessing
@@ -39,8 +40,8 @@
 //	S15 a duplicate input publishes nothing new                                             TestOutboxS15DuplicateInputPublishesNothingNew
 //	S16 published, but marking failed; two relays                                           TestOutboxS16PublishedButMarkFailed
 //	S17 a message that kills its consumer: lease owners that die; atomic and batched          TestS17LeaseOwnersThatDieAreBounded, TestS17CrashLoopKafka, TestS17CrashLoopRocketMQ
-//	    modes with real SIGKILLs (Kafka, RocketMQ); the capping claim's answer lost (S18)    TestS17LeaseCapClaimAnswerLost
-//	S18 a reply lost and the call retried: every Redis script; Postgres lease claim and marks  TestS18RedisClaimReplyLost, TestRedisScriptRepliesLost, TestLeaseCallAnswersLost
+//	    modes with real SIGKILLs (Kafka, RocketMQ); the capping claim's answer lost (S18)    pgstore: TestS17LeaseCapClaimAnswerLost
+//	S18 a reply lost and the call retried: every Redis script; Postgres lease claim and marks  TestS18RedisClaimReplyLost, TestRedisScriptRepliesLost, pgstore: TestLeaseCallAnswersLost
 //	S19 one bad entry in a batch: a deferred constraint, a 40001 at COMMIT                   TestS19BadEntryNeverBlocksABatch
 //	S20 blank message IDs and business keys fall back to the position / none                 TestS20BlankMessageIDs, TestRocketMQS20BlankMessageIDProperty
 //
@@ -93,10 +94,11 @@
 // Failure classes: a COMMIT terminated by the server (57P01) in every
 // Postgres mode (pgstore: TestOutcomeUnknownAtCommit; through the Kafka
 // runtime: TestKafkaOutcomeUnknownAtCommitRedelivered), a COMMIT that landed
-// but whose reply a TCP proxy lost (TestCommitReplyLost), serialization
-// failures and deadlocks retried without using an attempt (pgstore:
-// TestTransientFailureCountsNoAttempt), and the handler's isolation level
-// with a real serializable write skew (pgstore: TestHandlerIsolationLevel).
+// but whose reply a TCP proxy lost (pgstore: TestCommitReplyLost),
+// serialization failures and deadlocks retried without using an attempt
+// (pgstore: TestTransientFailureCountsNoAttempt), and the handler's
+// isolation level with a real serializable write skew (pgstore:
+// TestHandlerIsolationLevel).
 //
 // # Postgres-only tests live in dedup/pgstore
 //
@@ -133,7 +135,7 @@
 // topic (TestRedisStoreRocketMQRetryTopicAndResend), and every script path
 // on a Redis Cluster node started by the test, which refuses keys of
 // different slots (TestRedisStoreOnRedisCluster). A TCP proxy written for
-// the tests (faultProxy) loses one reply of a real Redis or Postgres and
-// closes the connection, for S18 and for the fast path's Remember
-// (TestRedisFastPathRememberReplyLost).
+// the tests (internal/faultproxy, shared with dedup/pgstore's tests) loses
+// one reply of the real Redis and closes the connection, for S18 and for
+// the fast path's Remember (TestRedisFastPathRememberReplyLost).
 package integration

@@ -13,23 +13,24 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisfast"
 	"github.com/idemq/idemq/dedup/redisstore"
+	"github.com/idemq/idemq/internal/faultproxy"
 	"github.com/redis/go-redis/v9"
 )
 
-// Every call that a client retries must be safe to run twice (S18). A
-// faultProxy between go-redis (default retries) and the real Redis loses
-// the reply to one script call and closes the connection; go-redis sends the
-// call again on a new connection, and the script, which already ran, must
-// recognise its caller and answer as the first time.
+// Every call that a client retries must be safe to run twice (S18). A fault
+// proxy (internal/faultproxy) between go-redis (default retries) and the
+// real Redis loses the reply to one script call and closes the connection;
+// go-redis sends the call again on a new connection, and the script, which
+// already ran, must recognise its caller and answer as the first time. (The
+// same fault on Postgres: dedup/pgstore's TestLeaseCallAnswersLost.)
 
 // proxiedRedisStore is a Redis-only store whose go-redis client, with its
-// default retries (MaxRetries 3), reaches Redis through a faultProxy.
-func proxiedRedisStore(t *testing.T, tweak func(*redisstore.Config)) (*redisstore.Store, *faultProxy) {
+// default retries (MaxRetries 3), reaches Redis through a fault proxy.
+func proxiedRedisStore(t *testing.T, tweak func(*redisstore.Config)) (*redisstore.Store, *faultproxy.Proxy) {
 	t.Helper()
-	p := newRedisProxy(t)
+	p := faultproxy.New(t, redisAddress(t), faultproxy.RESP)
 	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
 	if c.Options().MaxRetries != 3 {
@@ -48,33 +49,33 @@ func proxiedRedisStore(t *testing.T, tweak func(*redisstore.Config)) (*redisstor
 // arguments (see dedup/redisstore/scripts.go).
 func claimOf(messageID string) func([]byte) bool {
 	return func(req []byte) bool {
-		sc, ok := asScript(req)
-		return ok && sc.key(":conflict:") && sc.key(":rec:"+messageID)
+		sc, ok := faultproxy.AsScript(req)
+		return ok && sc.HasKey(":conflict:") && sc.HasKey(":rec:"+messageID)
 	}
 }
 
 func renewCall(req []byte) bool {
-	sc, ok := asScript(req)
-	return ok && len(sc.keys) == 2 && sc.key(":lease:")
+	sc, ok := faultproxy.AsScript(req)
+	return ok && len(sc.Keys) == 2 && sc.HasKey(":lease:")
 }
 
 // finishAs matches the completion script writing status (or "RELEASE").
 func finishAs(status string) func([]byte) bool {
 	return func(req []byte) bool {
-		sc, ok := asScript(req)
-		return ok && len(sc.keys) == 4 && sc.arg(3) == status
+		sc, ok := faultproxy.AsScript(req)
+		return ok && len(sc.Keys) == 4 && sc.Arg(3) == status
 	}
 }
 
 func redriveCall(req []byte) bool {
-	sc, ok := asScript(req)
-	return ok && len(sc.keys) == 2 && !sc.key(":lease:")
+	sc, ok := faultproxy.AsScript(req)
+	return ok && len(sc.Keys) == 2 && !sc.HasKey(":lease:")
 }
 
 func rejectCall(reason string) func([]byte) bool {
 	return func(req []byte) bool {
-		sc, ok := asScript(req)
-		return ok && len(sc.keys) == 4 && sc.arg(8) == reason
+		sc, ok := faultproxy.AsScript(req)
+		return ok && len(sc.Keys) == 4 && sc.Arg(8) == reason
 	}
 }
 
@@ -417,195 +418,13 @@ func waitLeaseGone(t *testing.T, s *redisstore.Store, messageID string) {
 	})
 }
 
-// proxiedLeaseStore is a Postgres store on e's schema whose pool reaches
-// Postgres through a faultProxy (newPGProxy).
-func proxiedLeaseStore(t *testing.T, e *env, tweak func(*pgstore.Config)) (*pgstore.Store, *faultProxy) {
-	t.Helper()
-	p, pool := newPGProxy(t, 4)
-	dc := pgstore.Config{Schema: e.schema, Fingerprinter: testFingerprinter(t)}
-	if tweak != nil {
-		tweak(&dc)
-	}
-	st, err := pgstore.New(pool, dc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st, p
-}
-
-// sqlHas matches SQL text holding every part.
-func sqlHas(parts ...string) func(string) bool {
-	return func(q string) bool {
-		for _, part := range parts {
-			if !strings.Contains(q, part) {
-				return false
-			}
-		}
-		return q != ""
-	}
-}
-
-// pgExecOf matches the execution (Bind) of the next statement whose text
-// matches stmt: in autocommit, its answer comes after it committed. (pgx
-// sends Parse and Describe in one round trip, then Bind and Execute.)
-func pgExecOf(stmt func(string) bool) func([]byte) bool {
-	seen := false
-	return func(req []byte) bool {
-		if stmt(pgSQL(req)) {
-			seen = true
-			return false
-		}
-		return seen && req[0] == 'B'
-	}
-}
-
-// pgCommitAfter matches the COMMIT of the transaction that sent a statement
-// matching stmt (the proxy sees one such transaction at a time here).
-func pgCommitAfter(stmt func(string) bool) func([]byte) bool {
-	seen := false
-	return func(req []byte) bool {
-		if stmt(pgSQL(req)) {
-			seen = true
-			return false
-		}
-		return seen && pgIsCommit(req)
-	}
-}
-
-// pgIsCommit matches a COMMIT (pgx sends it in the simple protocol).
-func pgIsCommit(req []byte) bool { return strings.EqualFold(strings.TrimSpace(pgSQL(req)), "commit") }
-
-// Lease mode's statements (dedup/queries.go), by their text.
-var (
-	pgLeaseClaim   = sqlHas("insert into", "owner_token, fence, lease_until")
-	pgLeaseDone    = sqlHas("set status = 'SUCCEEDED'", "lease_until = null")
-	pgLeaseRelease = sqlHas("set status = 'FAILED_RETRYABLE', attempts = greatest(attempts - 1, 0)")
-	pgLeaseFail    = sqlHas("last_error = $5", "lease_until = null")
-)
-
-// Lease mode on Postgres, the same fault: the answer to a claim or a mark is
-// lost with its connection after Postgres committed it. pgx does not resend;
-// the store sends the call again itself with the same owner token and
-// fence, and the call recognises its own first run.
-func TestLeaseCallAnswersLost(t *testing.T) {
-	t.Parallel()
-	ok := func(context.Context, *dedup.Message) error { return nil }
-	opt := dedup.LeaseOptions{TTL: 5 * time.Second, DisableHeartbeat: true} // no heartbeat statements on the wire
-
-	// S18 on Postgres: MaxAttempts 1, the claim's COMMIT answer lost. The
-	// resent claim finds its own lease: the handler runs once, SUCCEEDED,
-	// attempts 1, no dead letter, and a later copy is a duplicate.
-	t.Run("claim", func(t *testing.T) {
-		t.Parallel()
-		e := setup(t, nil)
-		st, p := proxiedLeaseStore(t, e, func(c *pgstore.Config) { c.MaxAttempts = 1 })
-		var calls atomic.Int32
-		p.DropReplyOnce(pgCommitAfter(pgLeaseClaim))
-		r, err := st.ProcessLeased(e.ctx, msg(t, "capture", "cap-88", "", "x"), func(context.Context, *dedup.Message) error {
-			calls.Add(1)
-			return nil
-		}, opt)
-		p.WaitDropped(1)
-		if err != nil || r.Outcome != dedup.OutcomeProcessed || r.Attempts != 1 || calls.Load() != 1 {
-			t.Fatalf("%+v, %v, calls %d; want processed at attempt 1, one call", r, err, calls.Load())
-		}
-		if rec := e.record("capture", "cap-88"); rec.Status != dedup.StatusSucceeded || rec.Attempts != 1 || rec.Fence != 1 {
-			t.Fatalf("record = %+v; want SUCCEEDED, attempts 1, fence 1", rec)
-		}
-		if r, err := st.ProcessLeased(e.ctx, msg(t, "capture", "cap-88", "", "x"), ok, opt); err != nil || r.Outcome != dedup.OutcomeDuplicate || calls.Load() != 1 {
-			t.Fatalf("later copy: %+v, %v; want a duplicate", r, err)
-		}
-		if dls := e.deadLetters("capture"); len(dls) != 0 {
-			t.Fatalf("dead letters = %+v; want none", dls)
-		}
-	})
-
-	t.Run("complete", func(t *testing.T) {
-		t.Parallel()
-		e := setup(t, nil)
-		st, p := proxiedLeaseStore(t, e, nil)
-		var calls atomic.Int32
-		r, err := st.ProcessLeased(e.ctx, msg(t, "billing", "m-done", "", "x"), func(context.Context, *dedup.Message) error {
-			calls.Add(1)
-			p.DropReplyOnce(pgExecOf(pgLeaseDone))
-			return nil
-		}, opt)
-		p.WaitDropped(1)
-		if err != nil || r.Outcome != dedup.OutcomeProcessed || r.Attempts != 1 || calls.Load() != 1 {
-			t.Fatalf("%+v, %v, calls %d; want processed (acked) at attempt 1", r, err, calls.Load())
-		}
-		if rec := e.record("billing", "m-done"); rec.Status != dedup.StatusSucceeded || rec.Attempts != 1 {
-			t.Fatalf("record = %+v; want SUCCEEDED, attempts 1", rec)
-		}
-	})
-
-	t.Run("fail", func(t *testing.T) {
-		t.Parallel()
-		e := setup(t, nil)
-		st, p := proxiedLeaseStore(t, e, nil)
-		r, err := st.ProcessLeased(e.ctx, msg(t, "billing", "m-fail", "", "x"), func(context.Context, *dedup.Message) error {
-			p.DropReplyOnce(pgCommitAfter(pgLeaseFail))
-			return errors.New("provider timeout")
-		}, opt)
-		p.WaitDropped(1)
-		if err != nil || r.Outcome != dedup.OutcomeRetry || r.Status != dedup.StatusFailedRetryable || r.Attempts != 1 {
-			t.Fatalf("%+v, %v; want retry, FAILED_RETRYABLE at attempt 1", r, err)
-		}
-		if rec := e.record("billing", "m-fail"); rec.Status != dedup.StatusFailedRetryable || rec.Attempts != 1 || rec.LastError != "provider timeout" {
-			t.Fatalf("record = %+v; want FAILED_RETRYABLE, attempts 1, the error", rec)
-		}
-	})
-
-	t.Run("fail-final", func(t *testing.T) {
-		t.Parallel()
-		e := setup(t, nil)
-		st, p := proxiedLeaseStore(t, e, nil)
-		r, err := st.ProcessLeased(e.ctx, msg(t, "billing", "m-final", "", "x"), func(context.Context, *dedup.Message) error {
-			p.DropReplyOnce(pgCommitAfter(pgLeaseFail))
-			return dedup.Permanent(errors.New("card refused"))
-		}, opt)
-		p.WaitDropped(1)
-		if err != nil || r.Outcome != dedup.OutcomeDeadLetter || r.Status != dedup.StatusFailedFinal {
-			t.Fatalf("%+v, %v; want a dead letter", r, err)
-		}
-		dls := e.deadLetters("billing")
-		if len(dls) != 1 || dls[0].Reason != dedup.ReasonPermanentError || r.DeadLetterID != dls[0].ID {
-			t.Fatalf("dead letters = %+v, result's ID %d; want one, with that ID", dls, r.DeadLetterID)
-		}
-	})
-
-	t.Run("release", func(t *testing.T) {
-		t.Parallel()
-		e := setup(t, nil)
-		logs := &logBuffer{}
-		st, p := proxiedLeaseStore(t, e, func(c *pgstore.Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
-		ctx, cancel := context.WithCancel(e.ctx)
-		_, err := st.ProcessLeased(ctx, msg(t, "billing", "m-stop", "", "x"), func(hctx context.Context, _ *dedup.Message) error {
-			p.DropReplyOnce(pgExecOf(pgLeaseRelease))
-			cancel()
-			<-hctx.Done()
-			return hctx.Err()
-		}, opt)
-		p.WaitDropped(1)
-		if err == nil {
-			t.Fatal("interrupted handler: nil error, want one (do not ack)")
-		}
-		if strings.Contains(logs.String(), "release lease") {
-			t.Fatalf("the release was answered as failed: %s", logs.String())
-		}
-		if rec := e.record("billing", "m-stop"); rec.Status != dedup.StatusFailedRetryable || rec.Attempts != 0 {
-			t.Fatalf("record after the release = %+v; want FAILED_RETRYABLE, attempts 0", rec)
-		}
-	})
-}
-
 // The Redis fast path's Remember is a pipeline of SETs, which go-redis
 // sends again whole when the reply is lost: a SET of the same value and TTL
 // is the same write twice. The identity is remembered and Remember reports
 // no error.
 func TestRedisFastPathRememberReplyLost(t *testing.T) {
 	t.Parallel()
-	p := newRedisProxy(t)
+	p := faultproxy.New(t, redisAddress(t), faultproxy.RESP)
 	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
 	prefix := randomName("fp-")
@@ -624,7 +443,7 @@ func TestRedisFastPathRememberReplyLost(t *testing.T) {
 	id := dedup.Identity{Scope: "billing", MessageID: "m-1", BusinessKey: "pay-1"}
 	entry := dedup.FastPathEntry{KeyID: "k1", Fingerprint: []byte{1, 2, 3}}
 	p.DropReplyOnce(func(req []byte) bool {
-		args := respArgs(req)
+		args := faultproxy.RESPArgs(req)
 		return len(args) > 1 && strings.EqualFold(args[0], "set") && strings.HasSuffix(args[1], ":m:m-1")
 	})
 	if err := fp.Remember(ctx, id, entry); err != nil {

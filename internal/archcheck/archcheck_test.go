@@ -89,6 +89,14 @@ var importRules = []importRule{
 			return strings.HasPrefix(dep, "github.com/jackc/") || strings.HasPrefix(dep, "github.com/redis/")
 		},
 	},
+	{
+		// The fault proxy is a test helper (it imports testing): only test
+		// files import it, so no library or binary links it. (go list -deps
+		// without -test sees no test imports.)
+		name:      "only tests import internal/faultproxy",
+		from:      func(rel string) bool { return rel != "internal/faultproxy" },
+		forbidden: ofModule("internal/faultproxy"),
+	},
 }
 
 func listPackages(t *testing.T) map[string]pkg {
@@ -150,6 +158,7 @@ func TestImportRulesCatchViolations(t *testing.T) {
 		"wire":            {"github.com/jackc/pgx/v5"},
 		"dedup/pgstore":   {module + "/consumer"},
 		"dedup":           {"github.com/redis/go-redis/v9"},
+		"consumer":        {module + "/internal/faultproxy"},
 	}
 	for _, r := range importRules {
 		caught := false
