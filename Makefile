@@ -74,6 +74,14 @@ test-postgres-oldest: ## the store's SQL package tests and the integration tests
 	  [ $$rc -eq 0 ] || echo "integration tests on the oldest Postgres failed; every event is in .cache/integration-postgres-oldest.json"; \
 	  exit $$rc
 
+# Not part of `make test`: a few minutes on the real broker. DRILL_MESSAGES and DRILL_KILLS
+# change the defaults (3000 messages, 20 kills); DRILL_ARGS passes other flags (see -h).
+DRILL_ARGS ?=
+
+.PHONY: drill-rocketmq
+drill-rocketmq: services-up ## RocketMQ SIGKILL backlog drill, push vs pull: N messages, 2 consumer processes, K kills, graceful stop; prints deliveries/message, duplicates, lag (DRILL_MESSAGES, DRILL_KILLS)
+	$(ENV); $(GO) run ./examples/rocketmq-drill run $(DRILL_ARGS)
+
 .PHONY: bench
 bench: services-up ## benchmarks against ceilings measured in the same run: dedup overhead vs a plain transaction, crash-loop markers on vs off, Redis down vs Postgres only, the Redis-only store vs SET NX, relay vs a raw producer
 	$(ENV); cd integration && \
