@@ -44,6 +44,7 @@ test: services-up test-unit test-integration test-postgres-oldest ## unit + inte
 test-unit: ## unit tests and examples; the SQL package tests (dedup/pgstore) use the running Postgres (`make services-up` first; `make test` does)
 	$(GO) vet ./...
 	$(ENV); $(GO) test -race -count=1 ./...
+	$(GO) test -count=1 -run 'Allocations' ./consumer/ # allocation counts: without -race (consumer/allocs_test.go)
 
 .PHONY: test-integration
 test-integration: ## integration tests against the running services (fail, never skip, when CI=true)

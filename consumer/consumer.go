@@ -55,7 +55,10 @@ type Consumer struct {
 	cfg    Config
 	log    *slog.Logger
 	tracer trace.Tracer
-	guard  *crashGuard // nil: no start markers (crashloop.go)
+	// tracing says whether tracer's spans can record (otelx.Tracing): no
+	// span is built when they cannot.
+	tracing otelx.Tracing
+	guard   *crashGuard // nil: no start markers (crashloop.go)
 	// tx is Config.Store as a TxStore, resolved once in New (nil: lease
 	// mode only).
 	tx TxStore
@@ -78,7 +81,7 @@ func New(cfg Config) (*Consumer, error) {
 	log := cfg.Logger.With("scope", cfg.Scope)
 	tx, _ := cfg.Store.(TxStore)
 	c := &Consumer{cfg: cfg, log: log, guard: newCrashGuard(cfg, log), tx: tx, inFlightSet: inFlightSet,
-		tracer: cfg.TracerProvider.Tracer("github.com/idemq/idemq/consumer")}
+		tracer: cfg.TracerProvider.Tracer("github.com/idemq/idemq/consumer"), tracing: otelx.NewTracing(cfg.TracerProvider)}
 	c.process = c.chain()
 	return c, nil
 }
@@ -112,7 +115,8 @@ func (c *Consumer) handle(ctx context.Context, d Delivery, sess *laneSession) (d
 		return dedup.Result{}, err
 	}
 	d.Message = msg
-	return c.process(context.WithValue(ctx, stateKey{}, &state{reject: reject, sess: sess}), &d)
+	f := &frame{Context: ctx, st: state{reject: reject, sess: sess}, d: d}
+	return c.process(f, &f.d)
 }
 
 // HandleBatch handles deliveries in one transaction (pgstore.Store.
@@ -144,15 +148,11 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 		}
 		msgs, idx = append(msgs, msg), append(idx, i)
 	}
-	var links []trace.Link
-	for _, m := range msgs {
-		if sc := trace.SpanContextFromContext(otelx.Extract(context.Background(), m.Headers)); sc.IsValid() {
-			links = append(links, trace.Link{SpanContext: sc})
-		}
+	span := trace.SpanFromContext(context.Background()) // a no-op span: none is made when tracing is off
+	if c.tracing.On() {
+		ctx, span = c.startBatchSpan(ctx, msgs)
+		defer span.End()
 	}
-	ctx, span := c.tracer.Start(ctx, "idemq deliver batch", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...),
-		trace.WithAttributes(attribute.String("messaging.consumer.group.name", c.cfg.Scope), attribute.Int("messaging.batch.message_count", len(msgs))))
-	defer span.End()
 	batch, err := c.tx.ProcessBatch(ctx, msgs, boundTx(c.cfg.Handler, c.cfg.MaxHandlerDuration))
 	if err != nil {
 		span.RecordError(err)
@@ -175,6 +175,19 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 		c.report(ds[i].Message, r)
 	}
 	return results, nil
+}
+
+// startBatchSpan starts the batch's span, linked to the trace context of
+// each message that carries one.
+func (c *Consumer) startBatchSpan(ctx context.Context, msgs []*dedup.Message) (context.Context, trace.Span) {
+	var links []trace.Link
+	for _, m := range msgs {
+		if sc := trace.SpanContextFromContext(otelx.Extract(context.Background(), m.Headers)); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	return c.tracer.Start(ctx, "idemq deliver batch", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...),
+		trace.WithAttributes(attribute.String("messaging.consumer.group.name", c.cfg.Scope), attribute.Int("messaging.batch.message_count", len(msgs))))
 }
 
 // startSpan starts the delivery's span as a child of the trace context in

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/otelx"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -51,6 +52,25 @@ type state struct {
 }
 
 type stateKey struct{}
+
+// frame is one delivery on its way down the chain, in one allocation: the
+// ctx that carries its state (stateKey: what context.WithValue would do,
+// without a second allocation) and the delivery the chain is given a
+// pointer to.
+type frame struct {
+	context.Context
+	st state
+	d  Delivery
+}
+
+// Value returns the delivery's state for stateKey, and the parent's value
+// for any other key.
+func (f *frame) Value(key any) any {
+	if _, ok := key.(stateKey); ok {
+		return &f.st
+	}
+	return f.Context.Value(key)
+}
 
 // handlerLimitKey carries the timeout middleware's bound to the core.
 type handlerLimitKey struct{}
@@ -173,8 +193,15 @@ func (c *Consumer) metricsMiddleware(next ProcessFunc) ProcessFunc {
 
 // tracingMiddleware makes the delivery's span, child of the trace context in
 // the message headers; everything below, the handler included, runs in it.
+// When the provider's spans cannot record (otelx.Tracing: a no-op provider,
+// or the global one with none set) it makes no span: the handler's ctx then
+// carries the headers' trace context alone, so that what the handler
+// publishes (the outbox) still propagates it.
 func (c *Consumer) tracingMiddleware(next ProcessFunc) ProcessFunc {
 	return func(ctx context.Context, d *Delivery) (dedup.Result, error) {
+		if !c.tracing.On() {
+			return next(otelx.Extract(ctx, d.Message.Headers), d)
+		}
 		ctx, span := c.startSpan(ctx, d.Message)
 		defer span.End()
 		res, err := next(ctx, d)

@@ -35,10 +35,15 @@
 //
 // [Store.Process] runs one delivery in one transaction:
 //
-//  1. claim: INSERT … ON CONFLICT DO NOTHING RETURNING (one statement, caught
-//     by the two unique indexes, never check-then-insert); on conflict the
-//     existing record is read with SELECT … FOR UPDATE, so two copies of one
-//     message serialize on the row;
+//  1. claim: one statement reads the record holding either key and, when
+//     there is none, inserts it with INSERT … ON CONFLICT DO NOTHING
+//     RETURNING (caught by the two unique indexes, so a concurrent claim is
+//     never missed). A terminal record (SUCCEEDED, FAILED_FINAL) is answered
+//     from that read: a duplicate takes no row lock and its transaction
+//     writes nothing (no WAL flush at COMMIT). A PROCESSING or
+//     FAILED_RETRYABLE record is locked with SELECT … FOR UPDATE in the same
+//     round trip, so two copies that may run the handler serialize on the
+//     row. Batched and lease modes and failure marks claim the same way;
 //  2. the handler runs with the same pgx.Tx and writes its business rows
 //     (and outbox rows) there;
 //  3. the record is marked SUCCEEDED and everything commits together.

@@ -75,16 +75,23 @@ func (s *Store) claimLease(ctx context.Context, c leaseClaim) (dedup.Lease, int6
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	id := msg.Identity
-	var rowID int64
-	err = tx.QueryRow(ctx, s.q.leaseInsertSQL, id.Scope, id.MessageID, id.BusinessKey, sum, c.keyID,
-		clip(msg.Source, 1024), msg.ReconsumeTimes, lease.OwnerToken, ttl.Seconds()).Scan(&rowID)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	var rowID *int64
+	var found foundRecord
+	err = tx.QueryRow(ctx, s.q.leaseClaimSQL, id.Scope, id.MessageID, id.BusinessKey, sum, c.keyID,
+		clip(msg.Source, 1024), msg.ReconsumeTimes, lease.OwnerToken, ttl.Seconds()).
+		Scan(&rowID, &found.id, &found.messageID, &found.businessKey, &found.fingerprint, &found.keyID, &found.status, &found.attempts, &found.live)
+	if err != nil {
 		return lease, 0, dedup.Result{}, fmt.Errorf("idemq: lease claim %s: %w", id, err)
 	}
-	if rowID == 0 {
-		rec, live, err := s.q.lockLease(ctx, tx, id)
-		if err != nil {
-			return lease, 0, dedup.Result{}, err
+	if rowID == nil {
+		// A terminal record (SUCCEEDED, FAILED_FINAL) is answered from the
+		// claim's read, unlocked: a duplicate writes nothing. Any other is
+		// locked, and read again under the lock.
+		rec, live := found.record(), false
+		if rec == nil || !terminal(rec.status) {
+			if rec, live, err = s.q.lockLease(ctx, tx, id); err != nil {
+				return lease, 0, dedup.Result{}, err
+			}
 		}
 		if rec == nil {
 			return lease, 0, dedup.Result{}, fmt.Errorf("idemq: lease claim %s: record vanished", id)
@@ -115,14 +122,14 @@ func (s *Store) claimLease(ctx context.Context, c leaseClaim) (dedup.Lease, int6
 		if !run {
 			return lease, 0, res, commit(ctx, tx)
 		}
-		rowID = rec.id
+		rowID = &rec.id
 		lease.Record = dedup.Identity{Scope: id.Scope, MessageID: rec.messageID, BusinessKey: rec.businessKey}
-		if err := tx.QueryRow(ctx, s.q.leaseTakeSQL, rowID, lease.OwnerToken, ttl.Seconds(), clip(msg.Source, 1024), msg.ReconsumeTimes).
+		if err := tx.QueryRow(ctx, s.q.leaseTakeSQL, *rowID, lease.OwnerToken, ttl.Seconds(), clip(msg.Source, 1024), msg.ReconsumeTimes).
 			Scan(&lease.Attempt, &lease.Fence); err != nil {
 			return lease, 0, dedup.Result{}, fmt.Errorf("idemq: lease takeover %s: %w", id, err)
 		}
 	}
-	return lease, rowID, dedup.Result{}, commit(ctx, tx)
+	return lease, *rowID, dedup.Result{}, commit(ctx, tx)
 }
 
 // pgLease is the lease engine's Marks on the Postgres record rowID.

@@ -28,11 +28,11 @@ type queries struct {
 	maxErrorBytes int            // Config.MaxErrorBytes
 
 	// records.sql
-	claimInsertSQL, recordLockSQL, handlerSavepointSQL, handlerRollbackSQL, recordReclaimSQL,
+	claimInsertSQL, recordClaimSQL, recordLockSQL, recordLockOpenSQL, handlerSavepointSQL, handlerRollbackSQL, recordReclaimSQL,
 	recordSetFingerprintSQL, recordMarkSucceededSQL, recordMarkFailedSQL, deadLetterInsertSQL,
 	deadLetterLiveIDSQL string
 	// lease.sql
-	leaseInsertSQL, leaseLockSQL, leaseTakeSQL, leaseBeatSQL, leaseDoneSQL, leaseReleaseSQL, leaseFailSQL,
+	leaseClaimSQL, leaseLockSQL, leaseTakeSQL, leaseBeatSQL, leaseDoneSQL, leaseReleaseSQL, leaseFailSQL,
 	leaseOwnClaimSQL, leaseOwnExhaustSQL string
 	// crashloop.sql
 	laneWatermarkAdvanceSQL, replayPeekSQL, startMarkInsertSQL, startMarkLockSQL, startMarkSetSQL,
@@ -72,7 +72,9 @@ func newQueries(cfg Config) (queries, error) {
 	q.lanes, _ = q.tables["lane_watermarks"].(string)
 	err := statements.Bind(q.tables, map[string]*string{
 		"claim_insert":           &q.claimInsertSQL,
+		"record_claim":           &q.recordClaimSQL,
 		"record_lock":            &q.recordLockSQL,
+		"record_lock_open":       &q.recordLockOpenSQL,
 		"handler_savepoint":      &q.handlerSavepointSQL,
 		"handler_rollback":       &q.handlerRollbackSQL,
 		"record_reclaim":         &q.recordReclaimSQL,
@@ -82,7 +84,7 @@ func newQueries(cfg Config) (queries, error) {
 		"dead_letter_insert":     &q.deadLetterInsertSQL,
 		"dead_letter_live_id":    &q.deadLetterLiveIDSQL,
 
-		"lease_insert":      &q.leaseInsertSQL,
+		"lease_claim":       &q.leaseClaimSQL,
 		"lease_lock":        &q.leaseLockSQL,
 		"lease_take":        &q.leaseTakeSQL,
 		"lease_beat":        &q.leaseBeatSQL,
@@ -168,36 +170,39 @@ func (q *queries) insert(ctx context.Context, tx pgx.Tx, r newRecord) (int64, er
 	return rowID, nil
 }
 
-// claimInsert inserts a new record r (status PROCESSING, or SUCCEEDED with
-// its expiry when the caller commits only if the handler succeeds; attempts
-// 1, no error), and, in the same round trip, locks the record that already
-// holds either unique key (when the insert did nothing) and sets the
-// handler's savepoint. It returns the new row's id, or 0 and the locked
-// existing record (nil when it vanished in between). A reclaim sets the
-// savepoint again after its update.
+// claimInsert claims r in one round trip: record_claim reads the record
+// that already holds either unique key, or inserts r (status PROCESSING, or
+// SUCCEEDED with its expiry when the caller commits only if the handler
+// succeeds; attempts 1, no error); record_lock_open locks the existing
+// record when it is not terminal; and the handler's savepoint is set.
+//
+// It returns the new row's id, or 0 and the existing record: locked when it
+// is PROCESSING or FAILED_RETRYABLE, read without a lock when it is
+// SUCCEEDED or FAILED_FINAL (a duplicate then writes nothing and takes no
+// row lock, so its transaction commits without a WAL flush). It returns 0
+// and nil when the record vanished or changed between the read and the lock
+// (purged, or finished by another copy): the caller claims again. A record
+// re-driven between the read (terminal) and the lock comes back locked, as
+// it is now. A reclaim sets the savepoint again after its update.
 func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, r newRecord) (int64, *record, error) {
 	id := r.msg.Identity
-	b := &pgx.Batch{}
-	b.Queue(q.claimInsertSQL, r.args()...)
-	b.Queue(q.recordLockSQL, id.Scope, id.MessageID, id.BusinessKey)
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 3)}
+	b.Queue(q.recordClaimSQL, r.args()...)
+	b.Queue(q.recordLockOpenSQL, id.Scope, id.MessageID, id.BusinessKey)
 	b.Queue(q.handlerSavepointSQL)
 	br := tx.SendBatch(ctx, b)
-	var rowID int64
-	err := br.QueryRow().Scan(&rowID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		err = nil
-	}
-	var rec *record
+	rowID, found, err := scanClaim(br.QueryRow())
+	var locked *record
 	if err == nil {
-		var r record
+		var l record
 		var st string
-		err = br.QueryRow().Scan(&r.id, &r.messageID, &r.businessKey, &r.fingerprint, &r.keyID, &st, &r.attempts)
+		err = br.QueryRow().Scan(&l.id, &l.messageID, &l.businessKey, &l.fingerprint, &l.keyID, &st, &l.attempts)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			err = nil
-		case err == nil && rowID == 0:
-			r.status = dedup.Status(st)
-			rec = &r
+		case err == nil:
+			l.status = dedup.Status(st)
+			locked = &l
 		}
 	}
 	if err == nil {
@@ -209,7 +214,68 @@ func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, r newRecord) (int6
 	if err != nil {
 		return 0, nil, fmt.Errorf("idemq: claim %s: %w", id, err)
 	}
-	return rowID, rec, nil
+	switch {
+	case rowID != nil:
+		return *rowID, nil, nil
+	case locked != nil:
+		return 0, locked, nil
+	}
+	if found != nil && terminal(found.status) {
+		return 0, found, nil
+	}
+	return 0, nil, nil
+}
+
+// claimRecord is record_claim alone: the new row's id, or 0 and the record
+// that holds either unique key, read without a lock (nil when the insert
+// met a concurrent claim's record: lock it to see it).
+func (q *queries) claimRecord(ctx context.Context, tx pgx.Tx, r newRecord) (int64, *record, error) {
+	rowID, found, err := scanClaim(tx.QueryRow(ctx, q.recordClaimSQL, r.args()...))
+	if err != nil {
+		return 0, nil, fmt.Errorf("idemq: claim %s: %w", r.msg.Identity, err)
+	}
+	if rowID != nil {
+		return *rowID, nil, nil
+	}
+	return 0, found, nil
+}
+
+// scanClaim reads record_claim's row: the new id (nil when nothing was
+// inserted) and the existing record (nil when none).
+func scanClaim(row pgx.Row) (*int64, *record, error) {
+	var rowID *int64
+	var f foundRecord
+	if err := row.Scan(&rowID, &f.id, &f.messageID, &f.businessKey, &f.fingerprint, &f.keyID, &f.status, &f.attempts); err != nil {
+		return nil, nil, err
+	}
+	return rowID, f.record(), nil
+}
+
+// terminal reports whether st is final for duplicates: SUCCEEDED or
+// FAILED_FINAL. Such a record is answered from a read and never locked; only
+// a re-drive (FAILED_FINAL → FAILED_RETRYABLE) or a purge changes it.
+func terminal(st dedup.Status) bool {
+	return st == dedup.StatusSucceeded || st == dedup.StatusFailedFinal
+}
+
+// foundRecord is a record as record_claim or lease_claim return it: every
+// column null when no record holds the identity.
+type foundRecord struct {
+	id                            *int64
+	messageID, businessKey, keyID *string
+	fingerprint                   []byte
+	status                        *string
+	attempts                      *int
+	live                          *bool // lease_claim only
+}
+
+// record is r, or nil when no record was found.
+func (r *foundRecord) record() *record {
+	if r.id == nil || r.status == nil || r.messageID == nil || r.businessKey == nil || r.keyID == nil || r.attempts == nil {
+		return nil
+	}
+	return &record{id: *r.id, messageID: *r.messageID, businessKey: *r.businessKey, fingerprint: r.fingerprint,
+		keyID: *r.keyID, status: dedup.Status(*r.status), attempts: *r.attempts}
 }
 
 func (q *queries) lock(ctx context.Context, tx pgx.Tx, id dedup.Identity) (*record, error) {

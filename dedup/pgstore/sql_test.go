@@ -180,7 +180,7 @@ func TestSQLLeaseTakeBeatDone(t *testing.T) {
 	m := b.msg("m-1", "")
 	owner1, owner2 := uuid.New(), uuid.New()
 	var id int64
-	if err := b.tx.QueryRow(b.ctx, b.q.leaseInsertSQL, b.scope, "m-1", "", testSum, "k1", "test", 0, owner1, 30.0).Scan(&id); err != nil {
+	if err := b.tx.QueryRow(b.ctx, b.q.leaseClaimSQL, b.scope, "m-1", "", testSum, "k1", "test", 0, owner1, 30.0).Scan(&id, nil, nil, nil, nil, nil, nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	rec, live, err := b.q.lockLease(b.ctx, b.tx, m.Identity)
@@ -231,7 +231,7 @@ func TestSQLLeaseFailAndRelease(t *testing.T) {
 	owner := uuid.New()
 	claim := func(messageID string) int64 {
 		var id int64
-		if err := b.tx.QueryRow(b.ctx, b.q.leaseInsertSQL, b.scope, messageID, "", testSum, "k1", "test", 0, owner, 30.0).Scan(&id); err != nil {
+		if err := b.tx.QueryRow(b.ctx, b.q.leaseClaimSQL, b.scope, messageID, "", testSum, "k1", "test", 0, owner, 30.0).Scan(&id, nil, nil, nil, nil, nil, nil, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		return id

@@ -178,7 +178,9 @@ func (s *Store) Reject(ctx context.Context, msg *dedup.Message, reason string, c
 	return s.markFailed(ctx, failure{msg: msg, sum: sum, keyID: keyID, err: dedup.Permanent(cause), finalReason: reason})
 }
 
-// record is the locked view of an existing consumption record.
+// record is the view of an existing consumption record: locked (FOR
+// UPDATE) when it is PROCESSING or FAILED_RETRYABLE, read without a lock when
+// it is terminal (SUCCEEDED, FAILED_FINAL; see terminal).
 type record struct {
 	id          int64
 	messageID   string
@@ -374,7 +376,8 @@ func (s *Store) markClaimedFailed(ctx context.Context, tx pgx.Tx, f claimedFailu
 
 // claim inserts a PROCESSING (claimSucceeded: SUCCEEDED) record with
 // attempts 1 (returning its row id), or, when either unique key already
-// exists, locks the existing record FOR UPDATE and returns it.
+// exists, returns the existing record: read without a lock when it is
+// terminal, locked FOR UPDATE otherwise (see claimInsert).
 func (s *Store) claim(ctx context.Context, tx pgx.Tx, c claimRun) (int64, *record, error) {
 	msg := c.msg
 	r := newRecord{msg: msg, sum: c.sum, keyID: c.keyID, status: dedup.StatusProcessing, attempts: 1}
@@ -386,14 +389,17 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, c claimRun) (int64, *recor
 		if err != nil || rowID != 0 || rec != nil {
 			return rowID, rec, err
 		}
-		// The conflicting record vanished between the two statements (purged):
-		// claim again.
+		// The conflicting record vanished between the two statements
+		// (purged), or became terminal while the claim waited for its lock
+		// (another copy finished it): claim again, and read it as it is.
 	}
 	return 0, nil, fmt.Errorf("idemq: claim %s: record keeps vanishing", msg.Identity)
 }
 
-// decide applies the state machine to an existing, locked record. run reports
-// whether the handler must run (the record was FAILED_RETRYABLE).
+// decide applies the state machine to an existing record: locked, or
+// terminal and read without a lock (then it answers a duplicate or a
+// conflict, and never runs the handler). run reports whether the handler
+// must run (the record was FAILED_RETRYABLE, and is locked).
 func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum []byte, rec *record) (res dedup.Result, run bool, err error) {
 	id := msg.Identity
 	by := rec.matchedBy(id)
@@ -479,16 +485,20 @@ func (s *Store) markFailedIn(ctx context.Context, tx pgx.Tx, f failure) (dedup.R
 		status = dedup.StatusFailedFinal
 	}
 	res := dedup.Result{HandlerCalled: finalReason == dedup.ReasonAttemptsExhausted, Err: herr}
-	rowID, err := s.q.insert(ctx, tx, newRecord{msg: msg, sum: sum, keyID: keyID, status: status, attempts: 1,
+	// A terminal record is answered from the claim's read, never locked
+	// (nor waited for); any other is locked and read again under the lock.
+	rowID, rec, err := s.q.claimRecord(ctx, tx, newRecord{msg: msg, sum: sum, keyID: keyID, status: status, attempts: 1,
 		errText: errText, errClass: class, expirySecs: s.expiry(status)})
 	if err != nil {
 		return dedup.Result{}, err
 	}
 	res.Attempts = 1
 	if rowID == 0 {
-		rec, live, err := s.q.lockLease(ctx, tx, msg.Identity)
-		if err != nil {
-			return dedup.Result{}, err
+		live := false
+		if rec == nil || !terminal(rec.status) {
+			if rec, live, err = s.q.lockLease(ctx, tx, msg.Identity); err != nil {
+				return dedup.Result{}, err
+			}
 		}
 		if rec == nil {
 			return dedup.Result{}, fmt.Errorf("idemq: mark failed %s: record vanished", msg.Identity)

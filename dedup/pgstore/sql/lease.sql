@@ -1,15 +1,31 @@
 -- Lease mode (lease.go, lease_unknown.go). Every deadline is computed from
 -- the database's now(), never the application clock.
 
--- name: lease_insert
--- $1 scope, $2 message ID, $3 business key, $4 fingerprint, $5 its key ID,
--- $6 source, $7 reconsume times, $8 owner token, $9 TTL in seconds.
-insert into {{.records}}
-  (scope, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts, source, reconsume_times,
-   owner_token, fence, lease_until)
-values ($1, $2, $3, $4, $5, 'PROCESSING', 1, $6, $7, $8, 1, now() + make_interval(secs => $9::float8))
-on conflict do nothing
-returning id;
+-- name: lease_claim
+-- The lease-mode claim, after one read as in record_claim: when a record holds either
+-- unique key it comes back as read (no lock, nothing inserted), with whether
+-- its lease is live; otherwise the new PROCESSING record is inserted. Always
+-- one row: the new id (null when nothing was inserted), then the existing
+-- record (nulls when none). $1 scope, $2 message ID, $3 business key, $4
+-- fingerprint, $5 its key ID, $6 source, $7 reconsume times, $8 owner token,
+-- $9 TTL in seconds.
+with found as (
+  select id, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts,
+    coalesce(lease_until > now(), false) as live
+  from {{.records}}
+  where id = ({{template "record_match" .}})),
+ins as (
+  insert into {{.records}}
+    (scope, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts, source, reconsume_times,
+     owner_token, fence, lease_until)
+  select $1::text, $2::text, $3::text, $4::bytea, $5::text, 'PROCESSING', 1, $6::text, $7::integer, $8::uuid, 1,
+         now() + make_interval(secs => $9::float8)
+  where not exists (select 1 from found)
+  on conflict do nothing
+  returning id)
+select (select id from ins), f.id, f.message_id, f.business_key, f.fingerprint, f.fingerprint_key_id, f.status,
+  f.attempts, f.live
+from (values (1)) one (x) left join found f on true;
 
 -- name: lease_lock
 -- record_lock plus whether the record's lease is live in database time.

@@ -29,6 +29,45 @@ values ($1, $2, $3, $4, $5, $6, $7, nullif($8, ''), nullif($9, ''), $10, $11,
 on conflict do nothing
 returning id;
 
+-- fragment: record_found
+-- The record matching ($1, $2, $3) as record_lock returns it, read without a
+-- lock; the columns a claim returns when the record exists.
+select id, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts
+from {{.records}}
+where id = ({{template "record_match" .}})
+
+-- name: record_claim
+-- One read decides whether anything is written: when a record holds either
+-- unique key, it comes back as read (no lock, no insert attempted, so a
+-- duplicate of a terminal record writes nothing); otherwise the new record
+-- is inserted, and a conflict with a concurrent claim inserts nothing (no
+-- row for either: the caller looks again). Always one row: the new id (null
+-- when nothing was inserted), then the existing record (nulls when none).
+-- Parameters as claim_insert.
+with found as ({{template "record_found" .}}),
+ins as (
+  insert into {{.records}} as r
+    (scope, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts,
+     last_error, last_error_class, source, reconsume_times, expires_at)
+  select $1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::integer, nullif($8::text, ''),
+         nullif($9::text, ''), $10::text, $11::integer, now() + make_interval(secs => $12::float8)
+  where not exists (select 1 from found)
+  on conflict do nothing
+  returning id)
+select (select id from ins), f.id, f.message_id, f.business_key, f.fingerprint, f.fingerprint_key_id, f.status, f.attempts
+from (values (1)) one (x) left join found f on true;
+
+-- name: record_lock_open
+-- record_lock for a record that is not terminal (PROCESSING or
+-- FAILED_RETRYABLE) only: a SUCCEEDED or FAILED_FINAL record is never
+-- locked (its duplicates are answered from record_claim's read). A record
+-- that became terminal while this statement waited for its lock is not
+-- returned (the status is checked again on the row version it locks).
+select id, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts
+from {{.records}}
+where id = ({{template "record_match" .}}) and status in ('PROCESSING', 'FAILED_RETRYABLE')
+for update;
+
 -- name: record_lock
 -- The record matching the message ID wins over one matching only the
 -- business key. FOR UPDATE makes a second copy wait for the first.
