@@ -320,7 +320,8 @@ func num(v []any, i int) int64 {
 	return 0
 }
 
-// redisLease is dedup.LeaseMarks on the record of claim c.
+// redisLease is the lease engine's Marks (internal/lease) on the record of
+// claim c.
 type redisLease struct {
 	s   *Store
 	msg *dedup.Message
