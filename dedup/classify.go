@@ -21,7 +21,7 @@ const (
 	// handler, or a COMMIT the server refused (a deferred constraint, a
 	// transaction the handler left aborted). It is counted as an attempt
 	// and marked FAILED_RETRYABLE, or FAILED_FINAL with a dead letter once
-	// Config.MaxAttempts is reached; the delivery is acked after the mark
+	// the store's MaxAttempts is reached; the delivery is acked after the mark
 	// commits only when final.
 	FailureHandler FailureClass = "handler"
 	// FailurePermanent is a Permanent error (or bad input): counted, marked
@@ -30,7 +30,7 @@ const (
 	// FailureTransient is a serialization failure (SQLSTATE 40001) or a
 	// deadlock (40P01), wherever it is raised (a handler's statement, the
 	// claim, the mark, the COMMIT): the whole transaction is retried at once
-	// under Config.TransientRetry, without counting an attempt, marking or
+	// under the store's TransientRetry, without counting an attempt, marking or
 	// acking. When those retries are used up it becomes a FailureHandler (in
 	// batched mode: the batch is rerun one message per transaction).
 	FailureTransient FailureClass = "transient"
@@ -46,8 +46,8 @@ const (
 	FailureOutcomeUnknown FailureClass = "outcome_unknown"
 )
 
-// ErrOutcomeUnknown is wrapped by the error that Store.Process,
-// Store.ProcessBatch and Store.ProcessLeased return when a delivery's
+// ErrOutcomeUnknown is wrapped by the error that a store's Process,
+// ProcessBatch and ProcessLeased (pgstore.Store, redisstore.Store) return when a delivery's
 // outcome is not known to be durable for a reason that is not the handler's
 // (FailureOutcomeUnknown): the connection was lost or terminated at COMMIT
 // or while the handler ran, or the context ended. Nothing was counted or

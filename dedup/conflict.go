@@ -14,7 +14,7 @@ import (
 //   - ReasonMessageIDCollision: the delivery matched the record by message ID
 //     and the business keys differ. Two different messages got one ID (a
 //     client-side ID generator collision). The dead-lettered message was
-//     never processed; Store.RedriveAsNew processes it under a derived
+//     never processed; pgstore.Store.RedriveAsNew processes it under a derived
 //     identity and keeps both records.
 //   - ReasonPayloadConflict: the business key is the same (matched by
 //     business key, or by message ID with the same or no business key) and
@@ -27,7 +27,7 @@ var ErrMessageIDCollision = errors.New("idemq: message ID collision")
 
 // ErrPayloadConflict is wrapped by Result.Err of an OutcomeConflict with
 // ReasonPayloadConflict (see ConflictError), and by the error of
-// Store.RedriveAsNew refusing a payload conflict without
+// pgstore.Store.RedriveAsNew refusing a payload conflict without
 // RedriveAsNewOptions.Force.
 var ErrPayloadConflict = errors.New("idemq: payload conflict")
 

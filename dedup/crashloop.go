@@ -11,10 +11,10 @@ import "errors"
 // record's attempts ran out without their last execution ever reporting an
 // outcome: in lease mode, an owner's lease expired at the last attempt (its
 // process died or stalled); in atomic and batched modes, a start marker found
-// that the process died while the handler ran (Store.MarkStart).
+// that the process died while the handler ran (pgstore.Store.MarkStart).
 var ErrExecutionLost = errors.New("idemq: a handler execution never reported an outcome")
 
-// StartMark is what Store.MarkStart decided for one handler run.
+// StartMark is what pgstore.Store.MarkStart decided for one handler run.
 type StartMark struct {
 	// Run reports whether the handler may run: the caller then calls
 	// Process (its claim counts the attempt), and ClearStart if Process

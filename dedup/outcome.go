@@ -59,11 +59,11 @@ const (
 	// ReasonMessageIDCollision: the delivery matched a record by message ID,
 	// its business key differs from the record's and its payload too: two
 	// different messages under one ID. Re-drivable with
-	// Store.RedriveAsNew (see ConflictReason).
+	// pgstore.Store.RedriveAsNew (see ConflictReason).
 	ReasonMessageIDCollision = "message_id_collision"
 	// ReasonPayloadConflict: same business key (matched by business key, or
 	// by message ID with the same or no business key), different payload.
-	// The record stands; Store.RedriveAsNew refuses it unless forced.
+	// The record stands; pgstore.Store.RedriveAsNew refuses it unless forced.
 	ReasonPayloadConflict = "payload_conflict"
 	// ReasonFingerprintConflict is the reason idemq v0.1.0 gave both kinds of
 	// conflict. Dead letters written by v0.1.0 keep it.
@@ -71,18 +71,19 @@ const (
 	// Deprecated: no longer written; conflicts are dead-lettered with
 	// ReasonMessageIDCollision or ReasonPayloadConflict. It stays to
 	// recognize dead letters written before the split, which
-	// Store.RedriveAsNew treats as payload conflicts (refused unless forced).
+	// pgstore.Store.RedriveAsNew treats as payload conflicts (refused unless forced).
 	ReasonFingerprintConflict = "fingerprint_conflict"
 	// ReasonPermanentError: the handler returned a Permanent error.
 	ReasonPermanentError = "permanent_error"
-	// ReasonAttemptsExhausted: the handler failed Config.MaxAttempts times.
+	// ReasonAttemptsExhausted: the handler failed the store's MaxAttempts times.
 	ReasonAttemptsExhausted = "attempts_exhausted"
 	// ReasonBadInput: the delivery could not be turned into an identity or
 	// fingerprint (the business-key extractor or canonicalizer failed).
 	ReasonBadInput = "bad_input"
 )
 
-// Result reports the outcome of Store.Process for one delivery.
+// Result reports the outcome of one delivery: what a store's Process,
+// ProcessBatch (per message) or ProcessLeased decided.
 type Result struct {
 	// Outcome is what happened.
 	Outcome Outcome

@@ -36,7 +36,7 @@ import (
 // a redelivered copy of the same conflicting message still finds it and
 // writes no new dead letter that could be re-driven a second time.
 
-// RedriveAsNewOptions configure Store.RedriveAsNew (and the Redis-only
+// RedriveAsNewOptions configure pgstore.Store.RedriveAsNew (and the Redis-only
 // store's RedriveAsNew).
 type RedriveAsNewOptions struct {
 	// Publish sends the message back to the broker under its derived
