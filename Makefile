@@ -84,11 +84,12 @@ drill-rocketmq: services-up ## RocketMQ SIGKILL backlog drill, push vs pull: N m
 	$(ENV); $(GO) run ./examples/rocketmq-drill run $(DRILL_ARGS)
 
 .PHONY: bench
-bench: services-up ## benchmarks against ceilings measured in the same run: dedup overhead vs a plain transaction, crash-loop markers on vs off, Redis down vs Postgres only, the Redis-only store vs SET NX, relay vs a raw producer
+bench: services-up ## benchmarks against ceilings measured in the same run: dedup overhead vs a plain transaction, crash-loop markers on vs off, Redis down vs Postgres only, batched mode 100/tx (unique, duplicates from Redis), the Redis-only store vs SET NX, relay vs a raw producer
 	$(ENV); cd integration && \
 	  $(GO) test -run '^$$' -bench DedupOverhead -benchtime 2000x -count 1 . && \
 	  $(GO) test -run '^$$' -bench CrashLoopOverhead -benchtime 2000x -count 1 . && \
 	  $(GO) test -run '^$$' -bench FastPathRedisDown -benchtime 4000x -count 1 . && \
+	  $(GO) test -run '^$$' -bench Batch100 -benchtime 20000x -count 1 . && \
 	  $(GO) test -run '^$$' -bench RedisStoreOverhead -benchtime 5000x -count 1 . && \
 	  $(GO) test -run '^$$' -bench RelayThroughput -benchtime 3x -count 1 .
 

@@ -66,7 +66,11 @@
 // re-driven as a new message with the CLI on Kafka and RocketMQ, once,
 // audited, refused for payload conflicts without -force
 // (TestRedriveAsNewCLI, TestRocketMQRedriveAsNewCLI,
-// TestRedriveAsNewPublishFailsThenRepeats).
+// TestRedriveAsNewPublishFailsThenRepeats). In batched mode the Redis fast
+// path is asked once per batch before any transaction: a batch of hits makes
+// no Postgres round trip, a mixed one claims only its misses
+// (TestRedisFastPathBatchSkipsPostgres); handler savepoints never nest
+// (pgstore: TestProcessBatchSavepointsReleased).
 //
 // One runtime for both brokers: consumer.Config.MaxHandlerDuration cuts off
 // a handler stuck in a Postgres statement, each cut a counted attempt, until

@@ -10,10 +10,20 @@ import (
 
 // ProcessBatch runs h for msgs in batched atomic mode: one
 // transaction and one commit for the whole batch, each handler run after its
-// own savepoint. A message whose handler fails rolls back alone (its writes)
+// own savepoint, released once the message is done (pipelined with the next
+// message's claim), so savepoints never nest however large the batch. A message whose handler fails rolls back alone (its writes)
 // and is marked FAILED_RETRYABLE or FAILED_FINAL (+ dead letter) in the same
 // transaction. This is the throughput mode: the commit, the costly
 // part, is paid once per batch.
+//
+// With Config.FastPath set, the batch's messages are looked up before any
+// transaction is opened: in one call when the fast path is a
+// dedup.BatchFastPath (redisfast: one MGET per scope in one pipeline), else
+// one Lookup per message. A hit whose remembered fingerprint matches is
+// answered as a duplicate (Outcome OutcomeDuplicate, Status SUCCEEDED) and
+// costs Postgres nothing; only the misses are claimed, in one transaction,
+// and a batch whose every message hits opens none. A fast-path error (Redis
+// down, the breaker open) makes every message a miss: Postgres answers.
 //
 // Messages are handled in order. Processing stops at the first OutcomeRetry
 // so that a later message of the same partition never overtakes an earlier
@@ -42,9 +52,8 @@ import (
 // result has Outcome "" (not acked), HandlerCalled, and Err set to the
 // error.
 func (s *Store) ProcessBatch(ctx context.Context, msgs []*dedup.Message, h Handler) ([]dedup.Result, error) {
-	results := make([]dedup.Result, len(msgs))
 	if len(msgs) == 0 {
-		return results, nil
+		return []dedup.Result{}, nil
 	}
 	if h == nil {
 		return nil, errors.New("idemq: ProcessBatch: nil handler")
@@ -56,9 +65,18 @@ func (s *Store) ProcessBatch(ctx context.Context, msgs []*dedup.Message, h Handl
 		}
 		fps[i].sum, fps[i].keyID, fps[i].err = s.fp.Sum(m.Payload)
 	}
+	if s.cfg.FastPath != nil {
+		return s.processBatchFast(ctx, msgs, fps, h)
+	}
+	return s.processBatchPG(ctx, msgs, fps, h)
+}
 
+// processBatchPG is ProcessBatch on Postgres, for the messages the fast path
+// did not answer (all of them without one).
+func (s *Store) processBatchPG(ctx context.Context, msgs []*dedup.Message, fps []batchFP, h Handler) ([]dedup.Result, error) {
 	// called[i]: the handler ran for msgs[i] in some try.
 	called := make([]bool, len(msgs))
+	var results []dedup.Result
 	var class dedup.FailureClass
 	var failure error
 	_, waitErr := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "batch", dedup.IsTransient, func() (struct{}, error) {
@@ -70,11 +88,7 @@ func (s *Store) ProcessBatch(ctx context.Context, msgs []*dedup.Message, h Handl
 	})
 	switch {
 	case failure == nil:
-		for i, r := range results {
-			if r.Status == dedup.StatusSucceeded && (r.Outcome == dedup.OutcomeProcessed || r.Outcome == dedup.OutcomeDuplicate) && fps[i].err == nil {
-				s.fastRemember(ctx, msgs[i].Identity, fps[i].sum, fps[i].keyID)
-			}
-		}
+		s.fastRememberBatch(ctx, msgs, fps, results)
 		return results, nil
 	case waitErr != nil && !dedup.IsTransient(waitErr):
 		// ctx ended while waiting to retry.
@@ -107,6 +121,7 @@ func (s *Store) batchTx(ctx context.Context, msgs []*dedup.Message, fps []batchF
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
+	held := false
 	for i, m := range msgs {
 		if fps[i].err != nil {
 			res, err := s.markFailedIn(ctx, tx, failure{msg: m, err: dedup.Permanent(fps[i].err), finalReason: dedup.ReasonBadInput})
@@ -116,11 +131,10 @@ func (s *Store) batchTx(ctx context.Context, msgs []*dedup.Message, fps []batchF
 			results[i] = res
 			continue
 		}
-		if res, hit := s.fastLookup(ctx, m); hit {
-			results[i] = res
-			continue
-		}
-		res, herr, err := s.claimAndRunIn(ctx, tx, claimRun{msg: m, sum: fps[i].sum, keyID: fps[i].keyID, h: h, mode: claimProcessing})
+		// held: an earlier claim's savepoint is still set; it is released
+		// in this claim's round trip, so savepoints never nest.
+		res, herr, err := s.claimAndRunIn(ctx, tx, claimRun{msg: m, sum: fps[i].sum, keyID: fps[i].keyID, h: h, mode: claimProcessing, release: held})
+		held = true
 		called[i] = called[i] || res.HandlerCalled || herr != nil
 		if err != nil {
 			return nil, ownFailureClass(err), wrapUnknown(err)

@@ -55,7 +55,12 @@
 // are never deleted while live; failures are marked, so redelivery is safe.
 //
 // [Store.ProcessBatch] runs up to N deliveries in one transaction, a
-// savepoint per message. When the batch cannot commit because of one of them
+// savepoint per message, each released once its message is done (with the
+// next message's claim, in the same round trip), so that they never nest.
+// With a Config.FastPath, the whole batch is looked up first, before any
+// transaction (one call when it is a [dedup.BatchFastPath], as
+// redisfast's is): the hits are answered as duplicates, only the misses are
+// claimed, and a batch of hits only opens no transaction. When the batch cannot commit because of one of them
 // (a refused COMMIT, or serialization failures that outlive their retries),
 // it is rerun one message per transaction with Process's semantics, so that
 // the culprit alone is marked and dead-lettered after its attempts; a batch

@@ -28,7 +28,7 @@ type queries struct {
 	maxErrorBytes int            // Config.MaxErrorBytes
 
 	// records.sql
-	claimInsertSQL, recordClaimSQL, recordLockSQL, recordLockOpenSQL, handlerSavepointSQL, handlerRollbackSQL, recordReclaimSQL,
+	claimInsertSQL, recordClaimSQL, recordLockSQL, recordLockOpenSQL, handlerSavepointSQL, handlerRollbackSQL, handlerReleaseSQL, recordReclaimSQL,
 	recordSetFingerprintSQL, recordMarkSucceededSQL, recordMarkFailedSQL, deadLetterInsertSQL,
 	deadLetterLiveIDSQL string
 	// lease.sql
@@ -77,6 +77,7 @@ func newQueries(cfg Config) (queries, error) {
 		"record_lock_open":       &q.recordLockOpenSQL,
 		"handler_savepoint":      &q.handlerSavepointSQL,
 		"handler_rollback":       &q.handlerRollbackSQL,
+		"handler_release":        &q.handlerReleaseSQL,
 		"record_reclaim":         &q.recordReclaimSQL,
 		"record_set_fingerprint": &q.recordSetFingerprintSQL,
 		"record_mark_succeeded":  &q.recordMarkSucceededSQL,
@@ -184,14 +185,29 @@ func (q *queries) insert(ctx context.Context, tx pgx.Tx, r newRecord) (int64, er
 // (purged, or finished by another copy): the caller claims again. A record
 // re-driven between the read (terminal) and the lock comes back locked, as
 // it is now. A reclaim sets the savepoint again after its update.
-func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, r newRecord) (int64, *record, error) {
+//
+// release queues handler_release first, in the same round trip: the caller
+// (batched mode) still holds the previous message's savepoint, which can no
+// longer be needed, so that savepoints never nest.
+func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, r newRecord, release bool) (int64, *record, error) {
 	id := r.msg.Identity
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 3)}
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 4)}
+	if release {
+		b.Queue(q.handlerReleaseSQL)
+	}
 	b.Queue(q.recordClaimSQL, r.args()...)
 	b.Queue(q.recordLockOpenSQL, id.Scope, id.MessageID, id.BusinessKey)
 	b.Queue(q.handlerSavepointSQL)
 	br := tx.SendBatch(ctx, b)
-	rowID, found, err := scanClaim(br.QueryRow())
+	var err error
+	if release {
+		_, err = br.Exec()
+	}
+	var rowID *int64
+	var found *record
+	if err == nil {
+		rowID, found, err = scanClaim(br.QueryRow())
+	}
 	var locked *record
 	if err == nil {
 		var l record
@@ -224,6 +240,19 @@ func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, r newRecord) (int6
 		return 0, found, nil
 	}
 	return 0, nil, nil
+}
+
+// resetSavepoint releases the handler's savepoint and sets it again, in one
+// round trip: a reclaim's update stays behind the new one, and savepoints
+// never nest.
+func (q *queries) resetSavepoint(ctx context.Context, tx pgx.Tx) error {
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
+	b.Queue(q.handlerReleaseSQL)
+	b.Queue(q.handlerSavepointSQL)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("idemq: savepoint: %w", err)
+	}
+	return nil
 }
 
 // claimRecord is record_claim alone: the new row's id, or 0 and the record

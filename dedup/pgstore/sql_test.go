@@ -22,7 +22,7 @@ func TestSQLClaimInsertOnConflict(t *testing.T) {
 	}
 
 	// A second copy by message ID inserts nothing and locks the record.
-	again, rec, err := b.q.claimInsert(b.ctx, b.tx, newRecord{msg: m1, sum: testSum, keyID: "k1", status: dedup.StatusProcessing, attempts: 1})
+	again, rec, err := b.q.claimInsert(b.ctx, b.tx, newRecord{msg: m1, sum: testSum, keyID: "k1", status: dedup.StatusProcessing, attempts: 1}, false)
 	if err != nil || again != 0 || rec == nil || rec.id != id || rec.status != dedup.StatusProcessing || rec.matchedBy(m1.Identity) != dedup.ByMessageID {
 		t.Fatalf("duplicate by message ID: id %d, record %+v, %v", again, rec, err)
 	}
@@ -34,7 +34,7 @@ func TestSQLClaimInsertOnConflict(t *testing.T) {
 	// Another message ID with the same business key: a duplicate by
 	// business key, and the record it matches is m-1's.
 	m2 := b.msg("m-2", "bk-1")
-	again, rec, err = b.q.claimInsert(b.ctx, b.tx, newRecord{msg: m2, sum: testSum, keyID: "k1", status: dedup.StatusProcessing, attempts: 1})
+	again, rec, err = b.q.claimInsert(b.ctx, b.tx, newRecord{msg: m2, sum: testSum, keyID: "k1", status: dedup.StatusProcessing, attempts: 1}, false)
 	if err != nil || again != 0 || rec == nil || rec.id != id || rec.messageID != "m-1" || rec.matchedBy(m2.Identity) != dedup.ByBusinessKey {
 		t.Fatalf("duplicate by business key: id %d, record %+v, %v", again, rec, err)
 	}

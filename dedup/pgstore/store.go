@@ -220,6 +220,9 @@ type claimRun struct {
 	keyID string // the fingerprint's key ID
 	h     Handler
 	mode  claimMode
+	// release: the transaction still holds an earlier message's handler
+	// savepoint (batched mode), released in the claim's round trip.
+	release bool
 }
 
 // claimAndRun is step 1–3 of atomic mode. It returns the handler's error
@@ -290,8 +293,11 @@ func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, c claimRun) (res d
 		if attempts, err = s.q.reclaim(ctx, tx, rec.id, msg); err != nil {
 			return dedup.Result{}, nil, err
 		}
-		if _, err := tx.Exec(ctx, s.q.handlerSavepointSQL); err != nil {
-			return dedup.Result{}, nil, fmt.Errorf("idemq: savepoint: %w", err)
+		// The claim's savepoint is behind the reclaim's update: replace it
+		// (release, then set again) so that the handler's rollback keeps the
+		// reclaim and savepoints never nest.
+		if err := s.q.resetSavepoint(ctx, tx); err != nil {
+			return dedup.Result{}, nil, err
 		}
 	}
 
@@ -384,11 +390,13 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, c claimRun) (int64, *recor
 	if c.mode == claimSucceeded {
 		r.status, r.expirySecs = dedup.StatusSucceeded, s.expiry(dedup.StatusSucceeded)
 	}
+	release := c.release
 	for try := 0; try < 3; try++ {
-		rowID, rec, err := s.q.claimInsert(ctx, tx, r)
+		rowID, rec, err := s.q.claimInsert(ctx, tx, r, release)
 		if err != nil || rowID != 0 || rec != nil {
 			return rowID, rec, err
 		}
+		release = true // this try set a savepoint of its own
 		// The conflicting record vanished between the two statements
 		// (purged), or became terminal while the claim waited for its lock
 		// (another copy finished it): claim again, and read it as it is.

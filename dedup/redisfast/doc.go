@@ -14,6 +14,12 @@
 // pipeline serves a Redis Cluster slot); values "s1:<key ID>:<hex
 // fingerprint>".
 //
+// FastPath is also a dedup.BatchFastPath: pgstore's ProcessBatch looks a
+// whole batch up with LookupBatch (one pipeline, one MGET per scope) before
+// it opens any transaction, and remembers the batch's succeeded messages
+// with RememberBatch (one pipeline of SETs) after its commit. Each counts as
+// one call for Timeout and the circuit breaker.
+//
 // # When Redis is down
 //
 // Redis is optional here, so an outage must cost next to nothing on the

@@ -84,6 +84,12 @@ savepoint idemq_handler;
 -- name: handler_rollback
 rollback to savepoint idemq_handler;
 
+-- name: handler_release
+-- Releases the handler's savepoint once it can no longer be needed (the
+-- message's handler and mark are done), so that a batch's savepoints never
+-- nest: queued ahead of the next message's claim, in the same round trip.
+release savepoint idemq_handler;
+
 -- name: record_reclaim
 -- $1 record id, $2 source, $3 reconsume times.
 update {{.records}}
