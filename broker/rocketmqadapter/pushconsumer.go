@@ -25,10 +25,8 @@ type PushConsumer struct {
 	pc  rocketmq.PushConsumer
 	cfg Config
 
-	mu       sync.Mutex
-	started  bool
-	shutdown bool
-	err      error
+	mu          sync.Mutex
+	clientState // under mu
 }
 
 // NewPushConsumer validates cfg (see NewListener; NameServers, Group and
@@ -89,20 +87,7 @@ var ErrShutdown = errors.New("idemq/rocketmqadapter: consumer shut down")
 func (p *PushConsumer) Start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	switch {
-	case p.shutdown:
-		return ErrShutdown
-	case p.err != nil:
-		return p.err
-	case p.started:
-		return nil
-	}
-	if err := p.pc.Start(); err != nil {
-		p.err = fmt.Errorf("idemq/rocketmqadapter: start consumer group %s on topic %s (the topic must exist before Start; see EnsureTopic): %w", p.cfg.Group, p.cfg.Topic, err)
-		return p.err
-	}
-	p.started = true
-	return nil
+	return p.clientState.start(ErrShutdown, p.pc.Start, "consumer group "+p.cfg.Group+" on topic "+p.cfg.Topic)
 }
 
 // Shutdown stops consuming: the listener takes no new message, in-flight
@@ -113,11 +98,11 @@ func (p *PushConsumer) Start() error {
 // once and before Start.
 func (p *PushConsumer) Shutdown() error {
 	p.mu.Lock()
-	if p.shutdown {
+	if p.stopped {
 		p.mu.Unlock()
 		return nil
 	}
-	p.shutdown = true
+	p.stopped = true
 	p.mu.Unlock()
 
 	grace, cancel := context.WithTimeout(context.Background(), p.l.c.Config().ShutdownGrace)

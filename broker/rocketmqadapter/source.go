@@ -94,12 +94,10 @@ type Source struct {
 
 	commitMu sync.Mutex // one Commit (or Close) at a time
 
-	mu      sync.Mutex
-	started bool
-	closed  bool
-	err     error // a failed start
-	queues  map[primitive.MessageQueue]*pullQueue
-	flush   func(context.Context) // consumer.Revocable.OnRevoke
+	mu          sync.Mutex
+	clientState // under mu
+	queues      map[primitive.MessageQueue]*pullQueue
+	flush       func(context.Context) // consumer.Revocable.OnRevoke
 }
 
 // processQueue is what the Source uses of the client's process queue (an
@@ -243,20 +241,7 @@ func (s *Source) InstanceName() string { return s.cfg.InstanceName }
 func (s *Source) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.closed:
-		return io.EOF
-	case s.err != nil:
-		return s.err
-	case s.started:
-		return nil
-	}
-	if err := s.pc.Start(); err != nil {
-		s.err = fmt.Errorf("idemq/rocketmqadapter: start pull consumer group %s on topic %s (the topic must exist; see EnsureTopic): %w", s.cfg.Group, s.cfg.Topic, err)
-		return s.err
-	}
-	s.started = true
-	return nil
+	return s.clientState.start(io.EOF, s.pc.Start, "pull consumer group "+s.cfg.Group+" on topic "+s.cfg.Topic)
 }
 
 // Fetch implements consumer.Source: the next message of a queue this member
@@ -285,7 +270,7 @@ func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
 			return d, nil
 		}
 		s.mu.Lock()
-		closed := s.closed
+		closed := s.stopped
 		s.mu.Unlock()
 		if closed {
 			return consumer.Delivery{}, io.EOF
@@ -343,7 +328,7 @@ func (s *Source) Commit(ctx context.Context, done []consumer.Delivery) error {
 	defer s.commitMu.Unlock()
 	var acks []*rmqconsumer.ConsumeRequest
 	s.mu.Lock()
-	if s.closed || !s.started {
+	if s.stopped || !s.started {
 		s.mu.Unlock()
 		return nil
 	}
@@ -435,7 +420,7 @@ func (s *Source) Close() error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	s.mu.Lock()
-	if s.closed {
+	if s.stopped {
 		s.mu.Unlock()
 		return nil
 	}
@@ -446,7 +431,7 @@ func (s *Source) Close() error {
 		perr = s.persist(context.Background())
 	}
 	s.mu.Lock()
-	s.closed = true
+	s.stopped = true
 	s.mu.Unlock()
 	if started {
 		s.drain()

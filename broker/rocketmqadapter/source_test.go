@@ -98,7 +98,7 @@ func queueN(i int) primitive.MessageQueue {
 
 // testSource is a started Source over f owning the queues of f.
 func testSource(f *fakePull) *Source {
-	s := &Source{cfg: SourceConfig{Topic: "orders", Group: "g", Strategy: rmqconsumer.AllocateByAveragely}, pc: f, started: true,
+	s := &Source{cfg: SourceConfig{Topic: "orders", Group: "g", Strategy: rmqconsumer.AllocateByAveragely}, pc: f, clientState: clientState{started: true},
 		queues: map[primitive.MessageQueue]*pullQueue{}}
 	for mq := range f.owned {
 		ctx, cancel := context.WithCancel(context.Background())
