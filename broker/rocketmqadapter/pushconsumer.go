@@ -87,7 +87,7 @@ var ErrShutdown = errors.New("idemq/rocketmqadapter: consumer shut down")
 func (p *PushConsumer) Start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.clientState.start(ErrShutdown, p.pc.Start, "consumer group "+p.cfg.Group+" on topic "+p.cfg.Topic)
+	return p.start(ErrShutdown, p.pc.Start, "consumer group "+p.cfg.Group+" on topic "+p.cfg.Topic)
 }
 
 // Shutdown stops consuming: the listener takes no new message, in-flight
