@@ -6,10 +6,11 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/internal/testkit"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
@@ -80,22 +81,7 @@ func rejectCall(reason string) func([]byte) bool {
 }
 
 // logBuffer collects a logger's output.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type logBuffer = testkit.LogBuffer
 
 // S18: Redis-only store, go-redis with its default retries, lease TTL 1 s,
 // MaxAttempts 1. The reply to the claim of capture/cap-88 is lost and the

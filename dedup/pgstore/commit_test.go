@@ -9,52 +9,30 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/internal/testkit"
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// atCommit installs on table tbl (of the test's schema) a deferred
-// constraint trigger, so it runs at COMMIT, after the handler returned: for
-// each row of events ("insert", "update") where cond holds (SQL over NEW),
-// the first n times (n < 0: every time), it runs action (PL/pgSQL). A
-// sequence counts the firings: sequences are not rolled back, so the count
-// survives the failed commits and the test is deterministic.
+// atCommit installs testkit.AtCommit's trigger on table tbl of the test's
+// schema (see there).
 func (e *storeEnv) atCommit(tbl, name, events, cond, action string, n int) {
 	e.t.Helper()
-	seq, fn := e.table(name+"_seq"), e.table(name+"_fn")
-	limit := "true"
-	if n >= 0 {
-		limit = "nextval('" + seq + "') <= " + strconv.Itoa(n)
+	for _, q := range testkit.AtCommit(e.table(name+"_seq"), e.table(name+"_fn"), name, tbl, events, cond, action, n) {
+		e.exec(q)
 	}
-	e.exec(`create sequence ` + seq)
-	e.exec(`create function ` + fn + `() returns trigger language plpgsql as $$
-begin
-  if (` + cond + `) and ` + limit + ` then
-    ` + action + `;
-  end if;
-  return null;
-end $$`)
-	e.exec(`create constraint trigger ` + pgx.Identifier{name}.Sanitize() + ` after ` + events + ` on ` + tbl +
-		` deferrable initially deferred for each row execute function ` + fn + `()`)
 }
 
-// killOwnBackend terminates the committing session itself: the client gets
-// FATAL 57P01 "terminating connection due to administrator command" at
-// COMMIT, and the transaction does not commit. Only the test's own backend
-// is ever terminated.
-const killOwnBackend = `perform pg_terminate_backend(pg_backend_pid())`
+const killOwnBackend = testkit.KillOwnBackend
 
-// raiseSQLState raises an error with the given SQLSTATE.
-func raiseSQLState(code string) string {
-	return `raise exception 'simulated SQLSTATE ` + code + ` at commit' using errcode = '` + code + `'`
-}
+var raiseSQLState = testkit.RaiseSQLState
 
 // itemHandler inserts the payload as k into tbl through the handler's
 // transaction, counting calls per message ID.

@@ -8,7 +8,6 @@ package pgstore
 // other test's statements.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -16,10 +15,11 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/internal/testkit"
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/faultproxy"
@@ -61,22 +61,7 @@ func (h *itemHandler) total() int {
 }
 
 // logBuffer collects a logger's output.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type logBuffer = testkit.LogBuffer
 
 // A COMMIT that committed but whose reply was lost (the proxy drops it)
 // is an outcome unknown too: not counted, not acked; the next copy finds

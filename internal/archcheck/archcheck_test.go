@@ -93,9 +93,9 @@ var importRules = []importRule{
 		// The fault proxy is a test helper (it imports testing): only test
 		// files import it, so no library or binary links it. (go list -deps
 		// without -test sees no test imports.)
-		name:      "only tests import internal/faultproxy",
-		from:      func(rel string) bool { return rel != "internal/faultproxy" },
-		forbidden: ofModule("internal/faultproxy"),
+		name:      "only tests import internal/faultproxy and internal/testkit",
+		from:      func(rel string) bool { return rel != "internal/faultproxy" && rel != "internal/testkit" },
+		forbidden: ofModule("internal/faultproxy", "internal/testkit"),
 	},
 }
 
