@@ -58,29 +58,27 @@ func (s *Store) ProcessBatch(ctx context.Context, msgs []*dedup.Message, h Handl
 	if h == nil {
 		return nil, errors.New("idemq: ProcessBatch: nil handler")
 	}
-	fps := make([]batchFP, len(msgs))
-	for i, m := range msgs {
-		if m == nil || m.Identity.Scope == "" || m.Identity.MessageID == "" {
-			return nil, fmt.Errorf("idemq: ProcessBatch: message %d has no identity (use NewIdentity)", i)
-		}
-		fps[i].sum, fps[i].keyID, fps[i].err = s.fp.Sum(m.Payload)
+	fps, err := s.batchFingerprints("ProcessBatch", msgs)
+	if err != nil {
+		return nil, err
 	}
+	w := batchWork{h: h}
 	if s.cfg.FastPath != nil {
-		return s.processBatchFast(ctx, msgs, fps, h)
+		return s.processBatchFast(ctx, msgs, fps, w)
 	}
-	return s.processBatchPG(ctx, msgs, fps, h)
+	return s.processBatchPG(ctx, msgs, fps, w)
 }
 
 // processBatchPG is ProcessBatch on Postgres, for the messages the fast path
 // did not answer (all of them without one).
-func (s *Store) processBatchPG(ctx context.Context, msgs []*dedup.Message, fps []batchFP, h Handler) ([]dedup.Result, error) {
+func (s *Store) processBatchPG(ctx context.Context, msgs []*dedup.Message, fps []batchFP, w batchWork) ([]dedup.Result, error) {
 	// called[i]: the handler ran for msgs[i] in some try.
 	called := make([]bool, len(msgs))
 	var results []dedup.Result
 	var class dedup.FailureClass
 	var failure error
 	_, waitErr := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "batch", dedup.IsTransient, func() (struct{}, error) {
-		results, class, failure = s.batchTx(ctx, msgs, fps, h, called)
+		results, class, failure = s.setTx(ctx, msgs, fps, w, called)
 		if class == dedup.FailureTransient {
 			return struct{}{}, failure
 		}
@@ -98,7 +96,7 @@ func (s *Store) processBatchPG(ctx context.Context, msgs []*dedup.Message, fps [
 	}
 	s.cfg.Logger.Warn("idemq: batch could not commit; rerunning it one message per transaction to find the culprit",
 		"messages", len(msgs), "class", class, "err", failure)
-	return s.rerunOneByOne(ctx, msgs, fps, h, called)
+	return s.rerunOneByOne(ctx, msgs, fps, w.perMessage(), called)
 }
 
 // batchFP is the fingerprint of one message of a batch, or why it has none.
@@ -106,58 +104,4 @@ type batchFP struct {
 	sum   []byte
 	keyID string
 	err   error
-}
-
-// batchTx is one try of ProcessBatch: one transaction for the whole batch.
-// On failure nothing is durable, and class says what the failure means:
-// FailureOutcomeUnknown (failure wraps ErrOutcomeUnknown), FailureTransient
-// (retry the batch), or FailureHandler (a message made the batch fail: find
-// it). called[i] is set when the handler ran for msgs[i].
-func (s *Store) batchTx(ctx context.Context, msgs []*dedup.Message, fps []batchFP, h Handler, called []bool) ([]dedup.Result, dedup.FailureClass, error) {
-	results := make([]dedup.Result, len(msgs))
-	tx, err := s.pool.BeginTx(ctx, s.cfg.TxOptions)
-	if err != nil {
-		return nil, ownFailureClass(err), wrapUnknown(fmt.Errorf("idemq: begin batch: %w", err))
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
-	held := false
-	for i, m := range msgs {
-		if fps[i].err != nil {
-			res, err := s.markFailedIn(ctx, tx, failure{msg: m, err: dedup.Permanent(fps[i].err), finalReason: dedup.ReasonBadInput})
-			if err != nil {
-				return nil, ownFailureClass(err), wrapUnknown(err)
-			}
-			results[i] = res
-			continue
-		}
-		// held: an earlier claim's savepoint is still set; it is released
-		// in this claim's round trip, so savepoints never nest.
-		res, herr, err := s.claimAndRunIn(ctx, tx, claimRun{msg: m, sum: fps[i].sum, keyID: fps[i].keyID, h: h, mode: claimProcessing, release: held})
-		held = true
-		called[i] = called[i] || res.HandlerCalled || herr != nil
-		if err != nil {
-			return nil, ownFailureClass(err), wrapUnknown(err)
-		}
-		if herr != nil {
-			if dedup.IsTransient(herr) {
-				return nil, dedup.FailureTransient, herr
-			}
-			// The handler's failure could not be rolled back to its
-			// savepoint: the transaction is unusable; find the culprit.
-			return nil, dedup.FailureHandler, fmt.Errorf("idemq: batch transaction unusable after a handler failure: %w", herr)
-		}
-		results[i] = res
-		if res.Outcome == dedup.OutcomeRetry {
-			break
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		class := commitFailureClass(err)
-		if class == dedup.FailureOutcomeUnknown {
-			return nil, class, fmt.Errorf("%w: batch commit: %w", dedup.ErrOutcomeUnknown, err)
-		}
-		return nil, class, fmt.Errorf("idemq: batch commit refused: %w", err)
-	}
-	return results, dedup.FailureNone, nil
 }

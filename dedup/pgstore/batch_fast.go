@@ -93,7 +93,7 @@ func mergeFastHits(fast []dedup.Result, hit []bool, sub []dedup.Result) []dedup.
 // without Postgres, and the misses (in order) go through processBatchPG; a
 // batch of hits only opens no transaction. On an error nothing is durable
 // (as for processBatchPG): the results only say which handlers ran.
-func (s *Store) processBatchFast(ctx context.Context, msgs []*dedup.Message, fps []batchFP, h Handler) ([]dedup.Result, error) {
+func (s *Store) processBatchFast(ctx context.Context, msgs []*dedup.Message, fps []batchFP, w batchWork) ([]dedup.Result, error) {
 	fast, hit := s.fastLookupBatch(ctx, msgs, fps)
 	subMsgs := make([]*dedup.Message, 0, len(msgs))
 	subFPs := make([]batchFP, 0, len(msgs))
@@ -103,12 +103,12 @@ func (s *Store) processBatchFast(ctx context.Context, msgs []*dedup.Message, fps
 		}
 	}
 	if len(subMsgs) == len(msgs) {
-		return s.processBatchPG(ctx, msgs, fps, h)
+		return s.processBatchPG(ctx, msgs, fps, w)
 	}
 	var sub []dedup.Result
 	if len(subMsgs) > 0 {
 		var err error
-		if sub, err = s.processBatchPG(ctx, subMsgs, subFPs, h); err != nil {
+		if sub, err = s.processBatchPG(ctx, subMsgs, subFPs, w); err != nil {
 			out := make([]dedup.Result, len(msgs))
 			k := 0
 			for i := range msgs {

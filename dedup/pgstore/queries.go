@@ -31,6 +31,8 @@ type queries struct {
 	claimInsertSQL, recordClaimSQL, recordLockSQL, recordLockOpenSQL, handlerSavepointSQL, handlerRollbackSQL, handlerReleaseSQL, recordReclaimSQL,
 	recordSetFingerprintSQL, recordMarkSucceededSQL, recordMarkFailedSQL, deadLetterInsertSQL,
 	deadLetterLiveIDSQL string
+	// batch.sql (batch_set.go)
+	recordsClaimSetSQL, recordsLockSetSQL, recordsUnclaimSetSQL string
 	// lease.sql
 	leaseClaimSQL, leaseLockSQL, leaseTakeSQL, leaseBeatSQL, leaseDoneSQL, leaseReleaseSQL, leaseFailSQL,
 	leaseOwnClaimSQL, leaseOwnExhaustSQL string
@@ -84,6 +86,10 @@ func newQueries(cfg Config) (queries, error) {
 		"record_mark_failed":     &q.recordMarkFailedSQL,
 		"dead_letter_insert":     &q.deadLetterInsertSQL,
 		"dead_letter_live_id":    &q.deadLetterLiveIDSQL,
+
+		"records_claim_set":   &q.recordsClaimSetSQL,
+		"records_lock_set":    &q.recordsLockSetSQL,
+		"records_unclaim_set": &q.recordsUnclaimSetSQL,
 
 		"lease_claim":       &q.leaseClaimSQL,
 		"lease_lock":        &q.leaseLockSQL,
