@@ -62,8 +62,21 @@ type Config struct {
 	// LeaseHandler only.
 	Store Store
 	// Handler is the business logic, run inside the record's transaction
-	// (atomic mode). Exactly one of Handler and LeaseHandler is required.
+	// (atomic mode). Exactly one of Handler, LeaseHandler and BatchHandler
+	// is required.
 	Handler dedup.TxHandler[pgx.Tx]
+	// BatchHandler is set-based business logic for batched atomic mode: called
+	// once per batch transaction with the batch's messages to run (never its
+	// duplicates), in order, so that it can write them with one statement
+	// (pgstore.Store.ProcessBatchSet; it is pgstore.BatchHandler). A failing
+	// call makes the batch rerun one message per transaction, calling it with
+	// one-message slices, to find the message at fault; a delivery run alone
+	// (a crash-loop replay, Handle) gets a one-message slice too.
+	// MaxHandlerDuration bounds each call. Exactly one of Handler,
+	// LeaseHandler and BatchHandler is required; BatchHandler needs
+	// BatchSize > 1 (pull mode, Run) and a Store with ProcessBatchSet
+	// (*pgstore.Store). Default nil.
+	BatchHandler dedup.TxBatchHandler[pgx.Tx]
 	// LeaseHandler is business logic with side effects outside the database,
 	// run in lease mode (owner token, fence, heartbeat; see dedup.Lease).
 	LeaseHandler dedup.LeaseHandler
@@ -199,8 +212,8 @@ func (c Config) validate() error {
 	switch {
 	case c.Store == nil:
 		return fmt.Errorf("%w: Store is required", ErrInvalidConfig)
-	case (c.Handler == nil) == (c.LeaseHandler == nil):
-		return fmt.Errorf("%w: exactly one of Handler and LeaseHandler is required", ErrInvalidConfig)
+	case countSet(c.Handler != nil, c.LeaseHandler != nil, c.BatchHandler != nil) != 1:
+		return fmt.Errorf("%w: exactly one of Handler, LeaseHandler and BatchHandler is required", ErrInvalidConfig)
 	case c.Handler != nil && !isTxStore(c.Store):
 		return fmt.Errorf("%w: Store %T has no Postgres transaction for Handler (atomic mode); use LeaseHandler or a *pgstore.Store", ErrInvalidConfig, c.Store)
 	case c.RetryInitial < 0 || c.RetryMax < c.RetryInitial:
@@ -230,6 +243,9 @@ func (c Config) validate() error {
 		if m == nil {
 			return fmt.Errorf("%w: Middleware[%d] is nil", ErrInvalidConfig, i)
 		}
+	}
+	if err := c.validateBatchHandler(); err != nil {
+		return err
 	}
 	return c.CrashLoop.validate()
 }

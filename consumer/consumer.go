@@ -62,6 +62,9 @@ type Consumer struct {
 	// tx is Config.Store as a TxStore, resolved once in New (nil: lease
 	// mode only).
 	tx TxStore
+	// txh is the per-message atomic-mode handler (txHandler: Handler, or
+	// BatchHandler one message at a time); nil in lease mode.
+	txh txHandlerFunc
 	// process is the middleware chain over core (middleware.go).
 	process ProcessFunc
 	// inFlightSet: Config.CrashLoop.InFlight was given (not defaulted).
@@ -82,6 +85,7 @@ func New(cfg Config) (*Consumer, error) {
 	tx, _ := cfg.Store.(TxStore)
 	c := &Consumer{cfg: cfg, log: log, guard: newCrashGuard(cfg, log), tx: tx, inFlightSet: inFlightSet,
 		tracer: cfg.TracerProvider.Tracer("github.com/idemq/idemq/consumer"), tracing: otelx.NewTracing(cfg.TracerProvider)}
+	c.txh = txHandler(cfg)
 	c.process = c.chain()
 	return c, nil
 }
@@ -153,7 +157,7 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 		ctx, span = c.startBatchSpan(ctx, msgs)
 		defer span.End()
 	}
-	batch, err := c.tx.ProcessBatch(ctx, msgs, boundTx(c.cfg.Handler, c.cfg.MaxHandlerDuration))
+	batch, err := c.processBatchTx(ctx, msgs)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "batch not recorded")

@@ -109,7 +109,7 @@ type crashGuard struct {
 // off, lease mode, or a store without start markers.
 func newCrashGuard(cfg Config, log *slog.Logger) *crashGuard {
 	sm, ok := cfg.Store.(StartMarker)
-	if cfg.CrashLoop.Off || cfg.Handler == nil || !ok {
+	if cfg.CrashLoop.Off || txHandler(cfg) == nil || !ok {
 		return nil
 	}
 	return &crashGuard{sm: sm, scope: cfg.Scope, window: cfg.CrashLoop.Window, pullInFlight: cfg.BatchSize,

@@ -89,7 +89,7 @@ func (c *Consumer) core(ctx context.Context, d *Delivery) (dedup.Result, error) 
 	case c.cfg.LeaseHandler != nil:
 		return c.cfg.Store.ProcessLeased(ctx, msg, boundLease(c.cfg.LeaseHandler, limit), c.cfg.Lease)
 	default:
-		return c.processTx(ctx, msg, *d, st.sess, boundTx(c.cfg.Handler, limit))
+		return c.processTx(ctx, msg, *d, st.sess, boundTx(c.txh, limit))
 	}
 }
 

@@ -9,12 +9,24 @@ import (
 )
 
 // ProcessBatch runs h for msgs in batched atomic mode: one
-// transaction and one commit for the whole batch, each handler run after its
-// own savepoint, released once the message is done (pipelined with the next
-// message's claim), so savepoints never nest however large the batch. A message whose handler fails rolls back alone (its writes)
-// and is marked FAILED_RETRYABLE or FAILED_FINAL (+ dead letter) in the same
-// transaction. This is the throughput mode: the commit, the costly
-// part, is paid once per batch.
+// transaction and one commit for the whole batch. This is the throughput
+// mode: the commit, the costly part, is paid once per batch.
+//
+// One round trip claims the whole batch (claimSet): one statement reads
+// every record the messages match (by message ID, and by non-empty business
+// key) and inserts the new ones at once, directly SUCCEEDED with their expiry
+// (the COMMIT decides, as in atomic mode), and a second, pipelined with it,
+// locks the matched records that are not terminal (PROCESSING,
+// FAILED_RETRYABLE) in id order. A duplicate of a terminal record
+// (SUCCEEDED, FAILED_FINAL) is answered from the read: no lock, no write. A
+// new message's handler runs after a savepoint — set with the claim for the
+// first, then released and set again in one round trip before each next
+// one, so savepoints never nest however large the batch — and a handler that
+// fails rolls back alone (its writes) and is marked FAILED_RETRYABLE or
+// FAILED_FINAL (+ dead letter) in the same transaction. Duplicates and
+// conflicts need no savepoint. A record to retry (FAILED_RETRYABLE), or one
+// that changed since the read, is claimed and run on its own, as Process
+// does. ProcessBatchSet is the same with one set-based handler call.
 //
 // With Config.FastPath set, the batch's messages are looked up before any
 // transaction is opened: in one call when the fast path is a
