@@ -79,7 +79,9 @@
 // Config.Handler runs in atomic mode, one transaction per delivery; with
 // Config.BatchSize > 1 a pull lane runs up to BatchSize deliveries per
 // transaction (pgstore.Store.ProcessBatch), commits the acked prefix and
-// retries the rest ahead of newer deliveries. Config.LeaseHandler runs in
+// retries the rest ahead of newer deliveries; Config.BatchHandler runs such
+// batches with one set-based handler call each
+// (pgstore.Store.ProcessBatchSet). Config.LeaseHandler runs in
 // lease mode (pgstore.Store.ProcessLeased) for side effects outside the
 // database; a fenced owner's delivery is not acked.
 //

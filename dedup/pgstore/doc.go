@@ -43,7 +43,8 @@
 //     writes nothing (no WAL flush at COMMIT). A PROCESSING or
 //     FAILED_RETRYABLE record is locked with SELECT … FOR UPDATE in the same
 //     round trip, so two copies that may run the handler serialize on the
-//     row. Batched and lease modes and failure marks claim the same way;
+//     row. Lease mode and failure marks claim the same way; batched mode
+//     claims a whole batch at once (below);
 //  2. the handler runs with the same pgx.Tx and writes its business rows
 //     (and outbox rows) there;
 //  3. the record is marked SUCCEEDED and everything commits together.
@@ -54,9 +55,19 @@
 // FAILED_FINAL mark writes a dead-letter row in the same transaction. Records
 // are never deleted while live; failures are marked, so redelivery is safe.
 //
-// [Store.ProcessBatch] runs up to N deliveries in one transaction, a
-// savepoint per message, each released once its message is done (with the
-// next message's claim, in the same round trip), so that they never nest.
+// [Store.ProcessBatch] runs up to N deliveries in one transaction, claimed
+// in one round trip: one statement reads every record the batch matches and
+// inserts the new ones at once, SUCCEEDED with their expiry (the COMMIT
+// decides; a record is written once), and a second, pipelined with it,
+// locks the matched PROCESSING and FAILED_RETRYABLE records in id order.
+// Duplicates of terminal records are answered from the read. Each new
+// message's handler runs after a savepoint, released and set again before
+// the next one (one round trip), so that they never nest; a failing handler
+// rolls back to it and is marked in the same transaction.
+// [Store.ProcessBatchSet] claims the same way and calls one [BatchHandler]
+// once with the new messages (no savepoints), so that it can write them with
+// one statement; if it fails, the batch is rerun one message per
+// transaction.
 // With a Config.FastPath, the whole batch is looked up first, before any
 // transaction (one call when it is a [dedup.BatchFastPath], as
 // redisfast's is): the hits are answered as duplicates, only the misses are
