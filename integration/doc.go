@@ -70,7 +70,21 @@
 // path is asked once per batch before any transaction: a batch of hits makes
 // no Postgres round trip, a mixed one claims only its misses
 // (TestRedisFastPathBatchSkipsPostgres); handler savepoints never nest
-// (pgstore: TestProcessBatchSavepointsReleased).
+// (pgstore: TestProcessBatchSavepointsReleased). A set-based BatchHandler
+// (consumer.Config.BatchHandler) writes each Kafka batch's new messages in
+// one call, never sees a duplicate, and a failing call is rerun one message
+// per transaction (TestKafkaBatchHandlerConsumer). A batch is claimed in one
+// round trip and each new record written once (pgstore:
+// TestBatchClaimIsOneRoundTrip, TestBatchNewRecordsWrittenOnce); copies,
+// business-key collisions and conflicts inside one batch are answered in
+// order (pgstore: TestBatchDuplicatesAndConflictsInsideABatch); 20
+// concurrent batches over overlapping IDs apply each message once (pgstore:
+// TestConcurrentBatchesOverlappingExactlyOnce); a failing BatchHandler falls
+// back to finding its culprit (pgstore: TestBatchHandlerCulpritFallback,
+// TestBatchHandlerLeavingTheTransactionAborted); a batch stopped by a
+// retry takes back the records of the messages after it (pgstore:
+// TestBatchStopsAtRetryAndUnclaimsTheRest); the claim never scans the
+// table under generic plans (pgstore: TestNoTableScanOnBatchClaim).
 //
 // One runtime for both brokers: consumer.Config.MaxHandlerDuration cuts off
 // a handler stuck in a Postgres statement, each cut a counted attempt, until
