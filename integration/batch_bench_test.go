@@ -17,6 +17,7 @@ import (
 //
 //   - unique: new messages (each claims its record and runs the handler's
 //     insert; Redis misses);
+//
 //   - duplicates-redis: copies of messages that already succeeded (set up
 //     untimed), answered from Redis.
 //
