@@ -17,12 +17,10 @@ import (
 //
 //   - unique: new messages (each claims its record and runs the handler's
 //     insert; Redis misses);
-//
+//   - unique/batchhandler: new messages through Store.ProcessBatchSet, the
+//     BatchHandler writing the batch's business rows with one unnest insert;
 //   - duplicates-redis: copies of messages that already succeeded (set up
 //     untimed), answered from Redis.
-//
-//   - unique/batchhandler: new messages through Store.ProcessBatchSet, the
-//     BatchHandler writing the batch's business rows with one unnest insert.
 //
 // b.N is the number of messages; each reports msgs/s.
 //
