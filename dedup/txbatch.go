@@ -18,7 +18,9 @@ import "context"
 // batch back and runs its messages again one per transaction, calling the
 // handler with one-message slices, so that the message at fault is marked
 // (FAILED_RETRYABLE, or FAILED_FINAL with a dead letter) like a TxHandler's
-// failure and the others commit. Serialization failures and deadlocks
-// retry the whole batch first. pgstore.BatchHandler and
+// failure and the others commit; a message of a failing call is thus run
+// twice for one counted attempt, except when the call had that message
+// only (it is then marked with the error at once). Serialization failures
+// and deadlocks retry the whole batch first. pgstore.BatchHandler and
 // consumer.Config.BatchHandler are this type for pgx.Tx.
 type TxBatchHandler[Tx any] func(ctx context.Context, tx Tx, msgs []*Message) error

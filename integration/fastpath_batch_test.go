@@ -39,7 +39,25 @@ func (l *statementLog) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 	return ctx
 }
 func (l *statementLog) TraceBatchQuery(_ context.Context, _ *pgx.Conn, q pgx.TraceBatchQueryData) {
+	// A set-based batch claim (pgstore records_claim_set) claims every
+	// message its $2 array holds in one statement: it is logged once per
+	// message, so that claims counts the messages claimed in either shape.
+	if ids, ok := setClaimIDs(q); ok {
+		for range ids {
+			l.add(q.SQL)
+		}
+		return
+	}
 	l.add(q.SQL)
+}
+
+// setClaimIDs are the message IDs of a set-based batch claim statement.
+func setClaimIDs(q pgx.TraceBatchQueryData) ([]string, bool) {
+	if !strings.Contains(q.SQL, "with found as") || !strings.Contains(q.SQL, "unnest(") || len(q.Args) < 2 {
+		return nil, false
+	}
+	ids, ok := q.Args[1].([]string)
+	return ids, ok
 }
 func (l *statementLog) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
@@ -85,7 +103,8 @@ func (c *redisCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // claims counts the record claims among stmts (the record_claim statement
-// inserts into the records table behind a "found" CTE).
+// inserts into the records table behind a "found" CTE; so does the set-based
+// claim of a batch, logged once per message it claims).
 func claims(stmts []string) int {
 	n := 0
 	for _, s := range stmts {

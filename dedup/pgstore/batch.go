@@ -89,8 +89,9 @@ func (s *Store) processBatchPG(ctx context.Context, msgs []*dedup.Message, fps [
 	var results []dedup.Result
 	var class dedup.FailureClass
 	var failure error
+	var sole *soleFailure
 	_, waitErr := retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "batch", dedup.IsTransient, func() (struct{}, error) {
-		results, class, failure = s.setTx(ctx, msgs, fps, w, called)
+		results, class, failure = s.setTx(ctx, msgs, fps, w, called, &sole)
 		if class == dedup.FailureTransient {
 			return struct{}{}, failure
 		}
@@ -108,7 +109,7 @@ func (s *Store) processBatchPG(ctx context.Context, msgs []*dedup.Message, fps [
 	}
 	s.cfg.Logger.Warn("idemq: batch could not commit; rerunning it one message per transaction to find the culprit",
 		"messages", len(msgs), "class", class, "err", failure)
-	return s.rerunOneByOne(ctx, msgs, fps, w.perMessage(), called)
+	return s.rerunOneByOne(ctx, msgs, fps, w.perMessage(), called, sole)
 }
 
 // batchFP is the fingerprint of one message of a batch, or why it has none.

@@ -15,14 +15,23 @@ import (
 // first message is returned as ProcessBatch's error (nothing is durable); on
 // a later one it becomes that message's Err with Outcome "" (see
 // ProcessBatch).
-func (s *Store) rerunOneByOne(ctx context.Context, msgs []*dedup.Message, fps []batchFP, h Handler, called []bool) ([]dedup.Result, error) {
+//
+// sole, when set, is the failure of the only message a BatchHandler ran in
+// the failed try: that message is marked with it, as Process marks a
+// handler failure after its rollback, without running the handler again
+// (one execution, one attempt).
+func (s *Store) rerunOneByOne(ctx context.Context, msgs []*dedup.Message, fps []batchFP, h Handler, called []bool, sole *soleFailure) ([]dedup.Result, error) {
 	results := make([]dedup.Result, len(msgs))
 	for i, m := range msgs {
 		var res dedup.Result
 		var err error
-		if fps[i].err != nil {
+		switch {
+		case fps[i].err != nil:
 			res, err = s.Reject(ctx, m, dedup.ReasonBadInput, fps[i].err)
-		} else {
+		case sole != nil && sole.i == i:
+			res, err = s.markFailed(ctx, failure{msg: m, sum: fps[i].sum, keyID: fps[i].keyID, err: sole.err, finalReason: dedup.ReasonAttemptsExhausted})
+			err = wrapUnknown(err)
+		default:
 			res, err = s.Process(ctx, m, h)
 		}
 		res.HandlerCalled = res.HandlerCalled || called[i]

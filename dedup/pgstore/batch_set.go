@@ -28,8 +28,10 @@ type BatchHandler = dedup.TxBatchHandler[pgx.Tx]
 // aborted) fails the whole try, which is then rerun one message per
 // transaction, calling h with one-message slices (Process's semantics), so
 // that the message at fault is marked FAILED_RETRYABLE, or FAILED_FINAL with
-// a dead letter, and the others commit. Serialization failures and deadlocks
-// are retried whole first (Config.TransientRetry).
+// a dead letter, and the others commit; when h ran for one message only,
+// that message is marked with h's error without running h again (one
+// execution, one attempt, as in Process). Serialization failures and
+// deadlocks are retried whole first (Config.TransientRetry).
 //
 // Results, ordering (processing stops at the first OutcomeRetry: h is
 // called with the messages before it only), the fast path (Config.FastPath:
@@ -255,6 +257,16 @@ type setRun struct {
 	// stop is the index of the message that stopped the batch (OutcomeRetry),
 	// len(msgs) when none did.
 	stop int
+	// sole is set when a BatchHandler called with one message failed: that
+	// message's failure, which the one-by-one rerun marks without running
+	// the handler again.
+	sole *soleFailure
+}
+
+// soleFailure is the failure of the only message a BatchHandler ran.
+type soleFailure struct {
+	i   int
+	err error
 }
 
 // setTx is one try of ProcessBatch or ProcessBatchSet, as batchTx was: one
@@ -263,7 +275,7 @@ type setRun struct {
 // FailureOutcomeUnknown (failure wraps ErrOutcomeUnknown), FailureTransient
 // (retry the batch), or FailureHandler (a message made the batch fail: find
 // it). called[i] is set when the handler ran for msgs[i].
-func (s *Store) setTx(ctx context.Context, msgs []*dedup.Message, fps []batchFP, w batchWork, called []bool) ([]dedup.Result, dedup.FailureClass, error) {
+func (s *Store) setTx(ctx context.Context, msgs []*dedup.Message, fps []batchFP, w batchWork, called []bool, sole **soleFailure) ([]dedup.Result, dedup.FailureClass, error) {
 	tx, err := s.pool.BeginTx(ctx, s.cfg.TxOptions)
 	if err != nil {
 		return nil, ownFailureClass(err), wrapUnknown(fmt.Errorf("idemq: begin batch: %w", err))
@@ -282,6 +294,7 @@ func (s *Store) setTx(ctx context.Context, msgs []*dedup.Message, fps []batchFP,
 		class, err = r.runSet(ctx, w.bh)
 	}
 	if err != nil {
+		*sole = r.sole
 		return nil, class, err
 	}
 	if err := r.unclaimAfterStop(ctx); err != nil {
@@ -489,6 +502,9 @@ func (r *setRun) runSet(ctx context.Context, h BatchHandler) (dedup.FailureClass
 			return dedup.FailureOutcomeUnknown, fmt.Errorf("%w: batch handler's transaction lost (shutdown or connection closed): %w", dedup.ErrOutcomeUnknown, errors.Join(ctx.Err(), herr))
 		case dedup.FailureTransient:
 			return dedup.FailureTransient, herr
+		}
+		if len(run) == 1 {
+			r.sole = &soleFailure{i: idx[0], err: herr}
 		}
 		return dedup.FailureHandler, fmt.Errorf("idemq: batch handler failed: %w", herr)
 	}

@@ -567,3 +567,30 @@ from generate_series(1, 200000) g`, e.scope)
 		t.Fatalf("the batch claims scanned the 200,000-row record table %d times (generic plans)", after-before)
 	}
 }
+
+// A BatchHandler that fails with one message to run is not run again: the
+// failure is that message's, marked as Process marks a handler failure after
+// its rollback (one execution, one attempt), while the batch's duplicates
+// are answered as before.
+func TestBatchHandlerSoleFailureRunsOnce(t *testing.T) {
+	e := newEnv(t, nil)
+	e.finish("done", "p", dedup.StatusSucceeded)
+	var calls int
+	bh := func(context.Context, pgx.Tx, []*dedup.Message) error {
+		calls++
+		return fmt.Errorf("provider timeout %d", calls)
+	}
+	res, err := e.store.ProcessBatchSet(e.ctx, []*dedup.Message{e.msg("done", "", "p"), e.msg("m-1", "", "p")}, bh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Outcome != dedup.OutcomeDuplicate || res[1].Outcome != dedup.OutcomeRetry || !res[1].HandlerCalled || res[1].Attempts != 1 {
+		t.Fatalf("results %+v; want the duplicate, then m-1 to retry after 1 attempt", res)
+	}
+	if calls != 1 {
+		t.Fatalf("handler called %d times for one delivery, want 1", calls)
+	}
+	if r := e.record("m-1"); r.Status != dedup.StatusFailedRetryable || r.Attempts != 1 || r.LastError != "provider timeout 1" {
+		t.Fatalf("m-1 = %+v, want FAILED_RETRYABLE, 1 attempt, the error kept", r)
+	}
+}
