@@ -395,10 +395,9 @@ func txAborted(tx pgx.Tx) bool {
 // it fails, its writes roll back alone and rec is marked FAILED_RETRYABLE
 // or FAILED_FINAL (+ dead letter) in the same transaction. herr is set when
 // the failure is transient or could not be marked (transaction unusable).
-func (r *setRun) runNew(ctx context.Context, i int, rec *setRecord, h Handler) (dedup.Result, error, error) {
+func (r *setRun) runNew(ctx context.Context, i int, rec *setRecord, h Handler) (res dedup.Result, herr, err error) {
 	m, tx := r.msgs[i], r.tx
 	if !r.fresh {
-		var err error
 		if r.held {
 			err = r.s.q.resetSavepoint(ctx, tx)
 		} else if _, err = tx.Exec(ctx, r.s.q.handlerSavepointSQL); err != nil {
@@ -411,7 +410,7 @@ func (r *setRun) runNew(ctx context.Context, i int, rec *setRecord, h Handler) (
 	}
 	r.fresh = false
 	m.Attempt = 1
-	herr := runHandler(ctx, tx, m, h)
+	herr = runHandler(ctx, tx, m, h)
 	if herr == nil && txAborted(tx) {
 		herr = errLeftAborted
 	}
@@ -428,8 +427,7 @@ func (r *setRun) runNew(ctx context.Context, i int, rec *setRecord, h Handler) (
 	if _, err := tx.Exec(ctx, r.s.q.handlerRollbackSQL); err != nil {
 		return called, herr, nil
 	}
-	res, err := r.s.markClaimedFailed(ctx, tx, claimedFailure{rowID: rec.id, attempts: 1, msg: m, sum: r.fps[i].sum, err: herr})
-	if err != nil {
+	if res, err = r.s.markClaimedFailed(ctx, tx, claimedFailure{rowID: rec.id, attempts: 1, msg: m, sum: r.fps[i].sum, err: herr}); err != nil {
 		return called, herr, nil
 	}
 	rec.status, rec.attempts = res.Status, res.Attempts

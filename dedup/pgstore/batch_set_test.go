@@ -305,11 +305,11 @@ func TestConcurrentBatchesOverlappingExactlyOnce(t *testing.T) {
 	processed := map[string]int{}
 	var wg sync.WaitGroup
 	errs := make(chan error, batches)
-	for b := range batches {
+	for b := range uint64(batches) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := rand.New(rand.NewPCG(uint64(b), 7))
+			r := rand.New(rand.NewPCG(b, 7))
 			var msgs []*dedup.Message
 			for _, i := range r.Perm(ids)[:size] {
 				id := fmt.Sprintf("m-%d", i)
