@@ -99,7 +99,7 @@ func tracedOutbox(t *testing.T, ctx context.Context, ob *Outbox) (*Outbox, *send
 // of the keys in fail, which fail.
 type ackAll struct{ fail map[string]bool }
 
-func (p ackAll) Publish(ctx context.Context, batch []Envelope) error {
+func (ackAll) Publish(context.Context, []Envelope) error {
 	return errors.New("ackAll: PublishChains only")
 }
 
