@@ -39,7 +39,11 @@
 //
 // A Relay claims rows in a transaction with SELECT … FOR UPDATE SKIP LOCKED,
 // publishes them through a Publisher while it holds the row locks, marks them
-// published and commits. The locks are the lease: two relays never publish a
+// published and commits. A batch costs two round trips to Postgres when the
+// oldest rows fill it: BEGIN travels with the claim (one statement that
+// locks the heads and reads the rows behind them), and the marks travel
+// with COMMIT (a mark that fails aborts the transaction, and the COMMIT
+// behind it never runs). The locks are the lease: two relays never publish a
 // row at the same time, and a relay that dies (crash, lost connection)
 // releases its rows when Postgres ends its transaction. A crash between the
 // publish and the commit publishes the rows again later with the same message
@@ -61,8 +65,11 @@
 // head) plus the rows behind it (up to RelayConfig.MaxKeys keys and
 // RelayConfig.BatchSize rows per transaction), so a key whose head another
 // relay holds is skipped whole: two relays never interleave one key. Heads
-// are found among the oldest unpublished rows and by a round-robin walk over
-// the keys, so a blocked key with a deep backlog never starves the others.
+// are found among the oldest unpublished rows (2 × MaxKeys of them, and the
+// oldest keyless rows); when those do not fill the batch (they are blocked:
+// parked or delayed heads, keys other relays hold) a second statement walks
+// the keys round robin, so a blocked key with a deep backlog never starves
+// the others.
 //
 // Within a batch, a ChainPublisher (both provided publishers are) gets each
 // key's rows as one chain and never stores a later row of a chain unless the

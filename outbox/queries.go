@@ -23,9 +23,9 @@ type queries struct {
 	table   string // quoted, schema-qualified
 	channel string // NOTIFY channel (a string argument, never spliced)
 
-	insertSQL, lockKeysSQL, keysSQL, headsSQL, followersSQL, publishedSQL, failedSQL, purgeSQL string
-	listenSQL, notifySQL, probeSQL                                                             string
-	getSQL, listAllSQL, listPendingSQL, listParkedSQL, unparkSQL, statsSQL                     string
+	insertSQL, lockKeysSQL, claimSQL, claimWalkSQL, publishedSQL, failedSQL, purgeSQL string
+	listenSQL, notifySQL, probeSQL                                                    string
+	getSQL, listAllSQL, listPendingSQL, listParkedSQL, unparkSQL, statsSQL            string
 }
 
 func newQueries(cfg Config) (queries, error) {
@@ -38,9 +38,8 @@ func newQueries(cfg Config) (queries, error) {
 	err := statements.Bind(data, map[string]*string{
 		"insert":         &q.insertSQL,
 		"lock_keys":      &q.lockKeysSQL,
-		"keys":           &q.keysSQL,
-		"heads":          &q.headsSQL,
-		"followers":      &q.followersSQL,
+		"claim":          &q.claimSQL,
+		"claim_walk":     &q.claimWalkSQL,
 		"mark_published": &q.publishedSQL,
 		"mark_failed":    &q.failedSQL,
 		"purge":          &q.purgeSQL,

@@ -12,9 +12,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-	"github.com/google/uuid"
 	"github.com/idemq/idemq/internal/grace"
-	"github.com/jackc/pgx/v5"
 )
 
 // Relay publishes outbox rows through a Publisher and marks them published.
@@ -366,180 +364,6 @@ type failure struct {
 	err error
 }
 
-func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
-	var res BatchResult
-	tx, err := r.ob.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return res, fmt.Errorf("idemq/outbox: begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
-	chains, err := r.claim(ctx, tx)
-	if err != nil {
-		return res, err
-	}
-	for _, c := range chains {
-		res.Claimed += len(c)
-	}
-	if res.Claimed == 0 {
-		return res, nil
-	}
-	r.batches.Add(1)
-	r.claimed.Add(int64(res.Claimed))
-
-	published, failed := publishChains(ctx, r.pub, chains, r.cfg.PublishTimeout)
-
-	// The mark must land even when ctx ended during the publish: whatever
-	// was published is recorded, so a graceful shutdown republishes nothing.
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if len(published) > 0 {
-		seqs := make([]int64, len(published))
-		for i, it := range published {
-			seqs[i] = it.seq
-		}
-		if _, err := tx.Exec(mctx, r.ob.q.publishedSQL, seqs, r.cfg.Name); err != nil {
-			return res, fmt.Errorf("idemq/outbox: mark %d rows published: %w", len(seqs), err)
-		}
-	}
-	var parkedIDs []uuid.UUID
-	if len(failed) > 0 {
-		seqs := make([]int64, len(failed))
-		texts := make([]string, len(failed))
-		delays := make([]float64, len(failed))
-		for i, f := range failed {
-			seqs[i] = f.seq
-			texts[i] = errorText(f.err, r.cfg.MaxErrorBytes)
-			d := retryDelay(f.attempts+1, r.cfg.RetryInitial, r.cfg.RetryMax, rand.Float64())
-			delays[i] = d.Seconds()
-			if res.RetryIn == 0 || d < res.RetryIn {
-				res.RetryIn = d
-			}
-		}
-		rows, err := tx.Query(mctx, r.ob.q.failedSQL, seqs, texts, delays, r.cfg.MaxAttempts)
-		if err != nil {
-			return res, fmt.Errorf("idemq/outbox: record %d failed publishes: %w", len(seqs), err)
-		}
-		for rows.Next() {
-			var seq int64
-			var id uuid.UUID
-			var parked bool
-			if err := rows.Scan(&seq, &id, &parked); err != nil {
-				rows.Close()
-				return res, fmt.Errorf("idemq/outbox: record failed publishes: %w", err)
-			}
-			if parked {
-				parkedIDs = append(parkedIDs, id)
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return res, fmt.Errorf("idemq/outbox: record %d failed publishes: %w", len(seqs), err)
-		}
-	}
-	if err := tx.Commit(mctx); err != nil {
-		return res, fmt.Errorf("idemq/outbox: commit batch: %w", err)
-	}
-	res.Published, res.Failed, res.Parked = len(published), len(failed), len(parkedIDs)
-	r.published.Add(int64(res.Published))
-	r.failed.Add(int64(res.Failed))
-	r.parked.Add(int64(res.Parked))
-	if len(failed) > 0 {
-		r.log.Warn("idemq: outbox publish failed; will retry", "failed", len(failed), "published", len(published),
-			"retry_in", res.RetryIn, "err", failed[0].err)
-	}
-	for _, id := range parkedIDs {
-		r.log.Error("idemq: outbox row parked after too many failed publishes; its key is held until Unpark",
-			"id", id, "max_attempts", r.cfg.MaxAttempts)
-	}
-	return res, nil
-}
-
-// claim locks up to MaxKeys heads and reads the followers of their keys,
-// and returns one chain per head (see buildChains). Candidates for heads come
-// from the oldest unpublished rows and from a walk over the keys that
-// resumes where the previous claim of this relay stopped (round robin), so
-// every key progresses however deep the backlog of other keys.
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([][]item, error) {
-	r.cursorMu.Lock()
-	topic, key := r.cursorTop, r.cursorKey
-	r.cursorMu.Unlock()
-	if key == nil {
-		key = []byte{}
-	}
-	rows, err := tx.Query(ctx, r.ob.q.keysSQL, topic, key, r.cfg.MaxKeys)
-	if err != nil {
-		return nil, fmt.Errorf("idemq/outbox: claim: walk keys: %w", err)
-	}
-	var cands []int64
-	var lastTopic string
-	var lastKey []byte
-	for rows.Next() {
-		var seq int64
-		if err := rows.Scan(&lastTopic, &lastKey, &seq); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("idemq/outbox: claim: walk keys: %w", err)
-		}
-		cands = append(cands, seq)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("idemq/outbox: claim: walk keys: %w", err)
-	}
-	r.cursorMu.Lock()
-	if len(cands) < r.cfg.MaxKeys {
-		r.cursorTop, r.cursorKey = "", nil // the walk reached the end: start over
-	} else {
-		r.cursorTop, r.cursorKey = lastTopic, lastKey
-	}
-	r.cursorMu.Unlock()
-
-	rows, err = tx.Query(ctx, r.ob.q.headsSQL, 2*r.cfg.MaxKeys, cands, r.cfg.MaxKeys)
-	if err != nil {
-		return nil, fmt.Errorf("idemq/outbox: claim: %w", err)
-	}
-	var heads []item
-	var hTopics []string
-	var hKeys [][]byte
-	var hSeqs []int64
-	for rows.Next() {
-		it, err := r.scanItem(rows, nil)
-		if err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("idemq/outbox: claim: %w", err)
-		}
-		if it.env.Key != nil {
-			hTopics, hKeys, hSeqs = append(hTopics, it.env.Topic), append(hKeys, it.env.Key), append(hSeqs, it.seq)
-		}
-		heads = append(heads, it)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("idemq/outbox: claim: %w", err)
-	}
-	room := r.cfg.BatchSize - len(heads)
-	if room <= 0 || len(hSeqs) == 0 {
-		return buildChains(heads, nil), nil
-	}
-	// Each key gets an equal share of the room, so one deep key cannot
-	// crowd out the others (and the read is bounded by room rows).
-	perKey := max(1, room/len(hSeqs))
-	rows, err = tx.Query(ctx, r.ob.q.followersSQL, hTopics, hKeys, hSeqs, perKey)
-	if err != nil {
-		return nil, fmt.Errorf("idemq/outbox: claim followers: %w", err)
-	}
-	defer rows.Close()
-	var followers []follower
-	for rows.Next() {
-		var f follower
-		if f.item, err = r.scanItem(rows, &f.ready); err != nil {
-			return nil, fmt.Errorf("idemq/outbox: claim followers: %w", err)
-		}
-		followers = append(followers, f)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("idemq/outbox: claim followers: %w", err)
-	}
-	return buildChains(heads, followers), nil
-}
-
 // follower is an unpublished row behind a claimed head; ready is false when
 // it must hold back its key (delayed, or parked).
 type follower struct {
@@ -571,20 +395,6 @@ func buildChains(heads []item, followers []follower) [][]item {
 		}
 	}
 	return chains
-}
-
-func (r *Relay) scanItem(rows pgx.Rows, ready *bool) (item, error) {
-	var row Row
-	var it item
-	dest := []any{&it.seq, &row.ID, &row.Topic, &row.Key, &row.Headers, &row.Payload, &row.CausationID, &it.attempts}
-	if ready != nil {
-		dest = append(dest, ready)
-	}
-	if err := rows.Scan(dest...); err != nil {
-		return item{}, err
-	}
-	it.env = r.ob.Envelope(row)
-	return it, nil
 }
 
 func chainKey(topic string, key []byte) string { return topic + "\x00" + string(key) }
@@ -661,6 +471,9 @@ func publishChainsAtOnce(ctx context.Context, cp ChainPublisher, chains [][]item
 	}
 	return published, failed
 }
+
+// jitter draws the random factor of retryDelay, in [0, 1).
+func jitter() float64 { return rand.Float64() }
 
 // retryDelay is the delay after the attempt-th failed publish of a row
 // (attempt >= 1): initial·2^(attempt-1), capped at maxDelay, times a jitter

@@ -36,69 +36,106 @@ select count(pg_advisory_xact_lock(l))::int from (
   where u.k is not null
   order by 1) s;
 
--- name: keys
--- A walk over the keys with unpublished rows in (topic, key) order, from a
--- cursor, one index descent per key ("loose index scan"): the first index
--- entry of a key is its head. It makes every key with a ready head
--- reachable however deep the backlog behind other keys, at a cost of $3
--- descents.
+-- fragment: claim_rows
+-- The body of both claims, after a CTE cand(seq) of head candidates: it
+-- locks up to $1 heads (FOR UPDATE SKIP LOCKED: a key whose head another
+-- relay holds is skipped whole), leaving out the heads in $3 (the ones this
+-- transaction already holds), and reads up to greatest(1, ($2 − heads) /
+-- keyed heads) later unpublished rows of each head's key in seq order, so
+-- that about $2 rows come back in all. Every candidate is the earliest
+-- unpublished row of its key in this statement's snapshot (the candidate
+-- sets are built that way), and the followers are read in the same
+-- snapshot, so no "is there an earlier row?" check is needed here; a head
+-- that another transaction changed after the snapshot (published, failed,
+-- parked) is re-checked on its latest version by the lock and dropped.
+-- Followers need no lock of their own: while a head is locked and
+-- unpublished no other relay can reach them. ready is false for a follower
+-- that must hold back its key (delayed, or parked). The heads are found
+-- with = any(array(…)) on the primary key, so the plan is index lookups
+-- whatever the table's statistics say; "unpublished" is spelled
+-- coalesce(published_at, '-infinity') = '-infinity' there so that the
+-- partial indexes (published_at is null) are not candidates: on a table not
+-- yet analyzed Postgres guesses that 0.5% of the rows are unpublished, and
+-- would rather scan all of them. kind is 0 for a head, 1 for a follower.
+h as materialized (
+  select o.seq, o.id, o.topic, o.key, o.headers, o.payload, o.causation_id, o.attempts
+  from {{.outbox}} o
+  where o.seq = any(array(select seq from cand))
+    and not o.seq = any(coalesce($3::bigint[], '{}'))
+    and coalesce(o.published_at, '-infinity') = '-infinity'
+    and o.parked_at is null and o.available_at <= now()
+  order by o.seq
+  limit $1
+  for update of o skip locked),
+n as materialized (
+  select count(*)::int as heads, greatest(1, ($2::int - count(*)::int) / greatest(count(h.key)::int, 1)) as per_key
+  from h),
+r as (
+  select 0 as kind, h.seq, h.id, h.topic, h.key, h.headers, h.payload, h.causation_id, h.attempts, true as ready
+  from h
+  union all
+  select 1, f.seq, f.id, f.topic, f.key, f.headers, f.payload, f.causation_id, f.attempts,
+         (f.parked_at is null and f.available_at <= now())
+  from h cross join lateral (
+    select * from {{.outbox}} f
+    where f.topic = h.topic and f.key = h.key and f.seq > h.seq and f.published_at is null
+    order by f.seq
+    limit (select per_key from n)) f
+  where h.key is not null and (select heads from n) < $2::int)
+
+-- name: claim
+-- The relay's claim, one statement (one snapshot), one round trip with its
+-- BEGIN: head candidates are the first row of each key among the oldest $4
+-- unpublished rows (first in, first out; every row of a key older than the
+-- window's first is in the window, so that first is the key's head) and the
+-- oldest $1 ready keyless rows. See claim_rows for $1–$3. full is true when
+-- the window holds $4 rows: there may be unpublished rows beyond it (when
+-- it is false, a walk over the keys would find no head the window did not).
+with w as materialized (
+  select seq, topic, key from {{.outbox}} where published_at is null order by seq limit $4),
+cand as (
+  (select distinct on (w.topic, w.key) w.seq from w
+   where w.key is not null
+   order by w.topic, w.key, w.seq)
+  union all
+  (select seq from {{.outbox}}
+   where published_at is null and key is null and parked_at is null and available_at <= now()
+   order by seq limit $1)),
+{{template "claim_rows" .}}
+select kind, seq, id, topic, key, headers, payload, causation_id, attempts, ready,
+       (select count(*) from w) >= $4 as full
+from r
+order by kind, seq;
+
+-- name: claim_walk
+-- The relay's second claim in a transaction, run only when the first did not
+-- fill the batch (the oldest rows are blocked: parked or delayed heads, or
+-- keys other relays hold). Head candidates come from a walk over the keys
+-- with unpublished rows in (topic, key) order from a cursor ($4, $5), one
+-- index descent per key ("loose index scan"), at most $6 keys: the first
+-- index entry of a key is its head. It makes every key with a ready head
+-- reachable however deep the backlog behind other keys. See claim_rows for
+-- $1–$3. A last row (kind 2) reports the walk: seq is how many keys it
+-- visited, topic and key the last one (the next cursor).
 with recursive k(topic, key, seq, n) as (
   (select topic, key, seq, 1 from {{.outbox}}
-   where published_at is null and key is not null and (topic, key) > ($1::text, $2::bytea)
+   where published_at is null and key is not null and (topic, key) > ($4::text, $5::bytea)
    order by topic, key, seq limit 1)
   union all
   (select t.topic, t.key, t.seq, k.n + 1 from k cross join lateral (
      select topic, key, seq from {{.outbox}}
      where published_at is null and key is not null and (topic, key) > (k.topic, k.key)
      order by topic, key, seq limit 1) t
-   where k.n < $3)
-)
-select topic, key, seq from k;
-
--- name: heads
--- The earliest unpublished row of each key (or any keyless row), ready now,
--- not parked, taken from three bounded candidate sets: the first row of each
--- key among the oldest $1 unpublished rows (first in, first out), the key
--- walk's heads ($2), and the oldest ready keyless rows. A key whose head
--- another relay has locked is skipped (SKIP LOCKED), and its later rows are
--- not heads (an earlier unpublished row exists), so no two relays ever work
--- on one key at once. The NOT EXISTS sees committed state: a head locked by
--- another relay still counts as unpublished.
-select o.seq, o.id, o.topic, o.key, o.headers, o.payload, o.causation_id, o.attempts
-from {{.outbox}} o
-where o.seq in (
-    (select distinct on (w.topic, w.key) w.seq from (
-       select seq, topic, key from {{.outbox}} where published_at is null order by seq limit $1) w
-     where w.key is not null
-     order by w.topic, w.key, w.seq)
-    union all
-    (select unnest($2::bigint[]))
-    union all
-    (select seq from {{.outbox}}
-     where published_at is null and key is null and parked_at is null and available_at <= now()
-     order by seq limit $3))
-  and o.published_at is null and o.parked_at is null and o.available_at <= now()
-  and (o.key is null or not exists (
-    select 1 from {{.outbox}} e
-    where e.topic = o.topic and e.key = o.key and e.published_at is null and e.seq < o.seq))
-order by o.seq
-limit $3
-for update of o skip locked;
-
--- name: followers
--- Up to $4 later unpublished rows of each key whose head this transaction
--- holds, in seq order. They need no lock of their own: while a head is
--- locked and unpublished no other relay can reach them. ready is false for
--- a row that must hold back its key (delayed or parked).
-select f.seq, f.id, f.topic, f.key, f.headers, f.payload, f.causation_id, f.attempts,
-       (f.parked_at is null and f.available_at <= now()) as ready
-from unnest($1::text[], $2::bytea[], $3::bigint[]) as h(topic, key, seq)
-cross join lateral (
-  select * from {{.outbox}} f
-  where f.topic = h.topic and f.key = h.key and f.seq > h.seq and f.published_at is null
-  order by f.seq
-  limit $4) f
-order by f.seq;
+   where k.n < $6)
+),
+last as (select topic, key, n from k order by n desc limit 1),
+cand as (select seq from k),
+{{template "claim_rows" .}}
+select kind, seq, id, topic, key, headers, payload, causation_id, attempts, ready, true as full from r
+union all
+select 2, coalesce((select n from last), 0)::bigint, '00000000-0000-0000-0000-000000000000'::uuid,
+       coalesce((select topic from last), ''), (select key from last), '{}'::jsonb, null::bytea, '', 0, false, true
+order by 1, 2;
 
 -- name: mark_published
 update {{.outbox}}
