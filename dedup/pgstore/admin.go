@@ -100,23 +100,46 @@ func (s *Store) Redrive(ctx context.Context, scope, messageID string) error {
 	})
 }
 
-// Purge deletes expired records (expires_at before the database's now()), at
-// most batch rows per statement (default 1000), until none is left or ctx
-// ends. Records without expires_at (PROCESSING, FAILED_RETRYABLE) are never
-// purged. It returns how many rows it deleted.
+// Purge deletes expired records (expires_at before the database's now()),
+// walking them in primary-key (id, so insertion) order from the oldest, at
+// most batch records per statement (default 1000): each statement reads the
+// next batch records and deletes the expired ones among them, so it never
+// deletes more than batch rows. Records without expires_at (PROCESSING,
+// FAILED_RETRYABLE) are never purged, nor any record before its expires_at.
+//
+// The walk stops at the expiry frontier: after the first step that deleted
+// nothing and holds a SUCCEEDED record still within its retention (or at the
+// highest id when the purge started). Records expire in about the order they
+// were inserted, so nothing expired lies beyond it, except a record that
+// expires before records inserted ahead of it (a scope with a shorter
+// SucceededRetention sharing the table with a longer one, when a whole step
+// before it holds only the longer one's records): such a record is deleted
+// by a later purge, once the records ahead of it have expired. Records kept
+// past the frontier (FAILED_FINAL within its longer retention, and
+// non-terminal records) are read again by every purge. docs/operations.md
+// ("Retention and purge") gives the costs.
+//
+// It returns how many rows it deleted, also with an error (ctx ending
+// between statements, or a statement failing).
 func (s *Store) Purge(ctx context.Context, batch int) (int64, error) {
 	if batch <= 0 {
 		batch = 1000
 	}
-	var total int64
+	var bound int64
+	if err := s.pool.QueryRow(ctx, s.q.purgeBoundSQL).Scan(&bound); err != nil {
+		return 0, fmt.Errorf("idemq: purge: %w", err)
+	}
+	var total, after int64
 	for {
-		tag, err := s.pool.Exec(ctx, s.q.purgeSQL, batch)
-		if err != nil {
+		var last *int64
+		var deleted, live int64
+		if err := s.pool.QueryRow(ctx, s.q.purgeSQL, after, batch, bound).Scan(&last, &deleted, &live); err != nil {
 			return total, fmt.Errorf("idemq: purge: %w", err)
 		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batch) {
+		total += deleted
+		if last == nil || *last >= bound || (deleted == 0 && live > 0) {
 			return total, nil
 		}
+		after = *last
 	}
 }

@@ -343,12 +343,24 @@ func TestSQLPurge(t *testing.T) {
 	expired := b.insert(t, newRecord{msg: b.msg("m-old", ""), sum: testSum, keyID: "k1", status: dedup.StatusSucceeded, attempts: 1, expirySecs: secs(-time.Minute)})
 	kept := b.insert(t, newRecord{msg: b.msg("m-new", ""), sum: testSum, keyID: "k1", status: dedup.StatusSucceeded, attempts: 1, expirySecs: secs(time.Hour)})
 	open := b.insert(t, newRecord{msg: b.msg("m-open", ""), sum: testSum, keyID: "k1", status: dedup.StatusFailedRetryable, attempts: 1})
-	tag, err := b.tx.Exec(b.ctx, b.q.purgeSQL, 1000)
-	if err != nil {
-		t.Fatal(err)
+	final := b.insert(t, newRecord{msg: b.msg("m-final", ""), sum: testSum, keyID: "k1", status: dedup.StatusFailedFinal, attempts: 1, expirySecs: secs(-time.Second)})
+	// A step walks at most $2 records after id $1, up to id $3: here one
+	// record (the expired one, deleted), then the rest (the expired final
+	// record deleted, the live one counted).
+	step := func(after int64, limit int) (last, deleted, live int64) {
+		t.Helper()
+		var l *int64
+		if err := b.tx.QueryRow(b.ctx, b.q.purgeSQL, after, limit, final).Scan(&l, &deleted, &live); err != nil || l == nil {
+			t.Fatalf("purge step after %d: %v, %v", after, l, err)
+		}
+		return *l, deleted, live
 	}
-	if tag.RowsAffected() != 1 {
-		t.Fatalf("purge deleted %d records, want 1", tag.RowsAffected())
+	if last, deleted, live := step(expired-1, 1); last != expired || deleted != 1 || live != 0 {
+		t.Fatalf("first step: last %d deleted %d live %d; want %d, 1, 0", last, deleted, live, expired)
+	}
+	// Parallel tests' records may lie between ours: at least our 3.
+	if last, deleted, live := step(expired, 1000); last != final || deleted < 1 || live < 1 {
+		t.Fatalf("second step: last %d deleted %d live %d; want %d, ≥ 1, ≥ 1", last, deleted, live, final)
 	}
 	var left []int64
 	rows, err := b.tx.Query(b.ctx, `select id from `+b.q.tables["records"].(string)+` where scope = $1 order by id`, b.scope)
@@ -363,7 +375,13 @@ func TestSQLPurge(t *testing.T) {
 		left = append(left, id)
 	}
 	if rows.Err() != nil || len(left) != 2 || left[0] != kept || left[1] != open {
-		t.Fatalf("left %v (expired %d), want %d and %d: %v", left, expired, kept, open, rows.Err())
+		t.Fatalf("left %v (expired %d, %d), want %d and %d: %v", left, expired, final, kept, open, rows.Err())
+	}
+	// Past the bound: nothing.
+	var l *int64
+	var deleted, live int64
+	if err := b.tx.QueryRow(b.ctx, b.q.purgeSQL, final, 1000, final).Scan(&l, &deleted, &live); err != nil || l != nil || deleted != 0 {
+		t.Fatalf("step past the bound: %v %d %v", l, deleted, err)
 	}
 }
 

@@ -33,10 +33,33 @@ select status from {{.records}} where scope = $1 and message_id = $2;
 update {{.dead_letters}} set redriven_at = now()
 where scope = $1 and message_id = $2 and redriven_at is null;
 
+-- name: purge_bound
+-- The highest record id when a purge starts: it walks no further (records
+-- inserted while it runs are left to the next purge).
+select coalesce(max(id), 0) from {{.records}};
+
 -- name: purge
--- At most $1 expired records; concurrent purges skip each other's rows.
-delete from {{.records}} where id in (
-  select id from {{.records}} where expires_at < now() order by expires_at limit $1 for update skip locked);
+-- One step of Store.Purge's walk: the next $2 records after id $1 (up to id
+-- $3), in primary-key order, and of those the expired ones deleted.
+-- Concurrent purges skip each other's rows (and rows a transaction holds
+-- locked); the DELETE checks expires_at again on the row version it locks,
+-- so a record re-driven meanwhile (expires_at null) stays. No index on
+-- expires_at: the primary key serves the walk, and updates of a record stay
+-- HOT (migrations/005_records_hot_updates.sql). Returns the last id walked
+-- (null: nothing left), how many records were deleted, and how many
+-- SUCCEEDED records of the step are within their retention (the expiry
+-- frontier, where the walk stops).
+with step as materialized (
+  select id, expires_at < now() as expired, status = 'SUCCEEDED' and expires_at >= now() as live
+  from {{.records}} where id > $1 and id <= $3 order by id limit $2),
+doomed as (
+  select id from {{.records}}
+  where id = any(array(select id from step where expired)) and expires_at < now()
+  for update skip locked),
+gone as (
+  delete from {{.records}} where id = any(array(select id from doomed)) and expires_at < now()
+  returning 1)
+select max(id), (select count(*) from gone), count(*) filter (where live) from step;
 
 -- name: dead_letter_lock
 -- FOR UPDATE serializes two operators re-driving the same dead letter.
