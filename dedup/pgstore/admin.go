@@ -108,16 +108,20 @@ func (s *Store) Redrive(ctx context.Context, scope, messageID string) error {
 // FAILED_RETRYABLE) are never purged, nor any record before its expires_at.
 //
 // The walk stops at the expiry frontier: after the first step that deleted
-// nothing and holds a SUCCEEDED record still within its retention (or at the
-// highest id when the purge started). Records expire in about the order they
-// were inserted, so nothing expired lies beyond it, except a record that
-// expires before records inserted ahead of it (a scope with a shorter
-// SucceededRetention sharing the table with a longer one, when a whole step
-// before it holds only the longer one's records): such a record is deleted
-// by a later purge, once the records ahead of it have expired. Records kept
-// past the frontier (FAILED_FINAL within its longer retention, and
-// non-terminal records) are read again by every purge. docs/operations.md
-// ("Retention and purge") gives the costs.
+// nothing and whose records were all created less than
+// Config.SucceededRetention ago (or at the highest id when the purge
+// started). A record written under that retention or a longer one expires
+// at least that long after its creation, so none of them lies expired
+// beyond the frontier. One written by a Store with a shorter
+// SucceededRetention may: it is deleted by this walk when a step around it
+// deletes anything (scopes sharing the table with a shorter retention
+// interleave their records with the others'), else by a later purge, or at
+// once by a purge from a Store with the shorter retention. Records kept
+// behind the frontier (FAILED_FINAL within its longer retention, and
+// non-terminal records) are read again by every purge. Run one purge per
+// table at a time: a second one walks the same records, waiting on the
+// rows the first is deleting. docs/operations.md ("Purge cost and indexes")
+// gives the costs.
 //
 // It returns how many rows it deleted, also with an error (ctx ending
 // between statements, or a statement failing).
@@ -129,15 +133,17 @@ func (s *Store) Purge(ctx context.Context, batch int) (int64, error) {
 	if err := s.pool.QueryRow(ctx, s.q.purgeBoundSQL).Scan(&bound); err != nil {
 		return 0, fmt.Errorf("idemq: purge: %w", err)
 	}
+	retention := s.cfg.SucceededRetention.Seconds()
 	var total, after int64
 	for {
 		var last *int64
-		var deleted, live int64
-		if err := s.pool.QueryRow(ctx, s.q.purgeSQL, after, batch, bound).Scan(&last, &deleted, &live); err != nil {
+		var deleted int64
+		var young bool
+		if err := s.pool.QueryRow(ctx, s.q.purgeSQL, after, batch, bound, retention).Scan(&last, &deleted, &young); err != nil {
 			return total, fmt.Errorf("idemq: purge: %w", err)
 		}
 		total += deleted
-		if last == nil || *last >= bound || (deleted == 0 && live > 0) {
+		if last == nil || *last >= bound || (deleted == 0 && young) {
 			return total, nil
 		}
 		after = *last

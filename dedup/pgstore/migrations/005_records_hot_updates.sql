@@ -1,5 +1,5 @@
 -- Record updates stay HOT; purge walks the primary key (docs/operations.md,
--- "Retention and purge").
+-- "Purge cost and indexes").
 --
 -- A mark (PROCESSING → SUCCEEDED, → FAILED_FINAL, a re-drive) writes
 -- expires_at. While expires_at was indexed, no such update could be HOT
@@ -18,7 +18,9 @@
 -- existing pages are not rewritten.
 --
 -- Both statements change the catalog only: on a populated table they take
--- milliseconds (about 5 ms on 1 M records), no rewrite and no index build.
+-- milliseconds (35 ms with the commit on 1 M records, measured on
+-- PostgreSQL 15), no rewrite and no index build, so nothing here needs
+-- CONCURRENTLY (which could not run in the migration's transaction).
 -- DROP INDEX takes the table's ACCESS EXCLUSIVE lock for that moment; the
 -- lock_timeout makes the migration fail (and leave the schema at 004, to be
 -- run again) rather than queue behind a long transaction on the table while
