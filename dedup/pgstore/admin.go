@@ -115,8 +115,9 @@ func (s *Store) Redrive(ctx context.Context, scope, messageID string) error {
 // beyond the frontier. One written by a Store with a shorter
 // SucceededRetention may: it is deleted by this walk when a step around it
 // deletes anything (scopes sharing the table with a shorter retention
-// interleave their records with the others'), else by a later purge, or at
-// once by a purge from a Store with the shorter retention. Records kept
+// interleave their records with the others'), else by a purge once the
+// records ahead of it are older than Config.SucceededRetention, or at once
+// by a purge from a Store with the shorter retention. Records kept
 // behind the frontier (FAILED_FINAL within its longer retention, and
 // non-terminal records) are read again by every purge. Run one purge per
 // table at a time: a second one walks the same records, waiting on the
