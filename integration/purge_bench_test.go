@@ -20,7 +20,7 @@ import (
 
 // BenchmarkPurgeUnderIngest measures retention at work: a purge of about a
 // million expired records (Store.Purge, 1,000 per statement) while messages
-// are ingested through pgstore at a steady rate, for three layouts of the
+// are ingested through pgstore at a steady rate, for four layouts of the
 // record table on the same data, in one run:
 //
 //   - layout=004: migrations 001 to 004 (a btree index on expires_at,
@@ -38,10 +38,10 @@ import (
 // 0.1% FAILED_RETRYABLE, which stay), then 200,000 live SUCCEEDED records
 // from the last day, vacuumed. The ingest runs two batched lanes
 // (Store.ProcessBatch, 100 messages per transaction, paced to
-// IDEMQ_PURGE_BENCH_RATE messages/s in all, default 500) and one lease-mode
-// lane (Store.ProcessLeased, a tenth of that rate, each handler taking
-// 100 ms): first 10 s alone, then
-// while the purge runs. Each layout reports:
+// IDEMQ_PURGE_BENCH_RATE messages/s between them, default 500) and one
+// lease-mode lane (Store.ProcessLeased, a tenth of that rate, each handler
+// taking 100 ms): first 10 s alone, then while the purge runs. Each layout
+// reports:
 //
 //   - ingest-msgs/s: messages ingested per second while the purge ran (and
 //     alone-msgs/s before it): below the paced rate when Postgres cannot
