@@ -118,6 +118,15 @@
 // isolation level with a real serializable write skew (pgstore:
 // TestHandlerIsolationLevel).
 //
+// Retention: every update of a record is HOT in every Postgres mode
+// (pgstore: TestRecordUpdatesAreHOT), migration 005 on a populated table
+// drops only the store's own index (pgstore:
+// TestMigration005OnPopulatedTable), a purge step is bounded and keeps
+// unexpired and non-terminal records (pgstore: TestSQLPurge), and
+// BenchmarkPurgeUnderIngest measures a purge of a million records under a
+// steady ingest for each index layout (docs/operations.md, "Purge cost and
+// indexes").
+//
 // # Postgres-only tests live in dedup/pgstore
 //
 // A test that needs Postgres and nothing else (no broker, no Redis, no child

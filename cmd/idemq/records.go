@@ -243,7 +243,7 @@ func runPurge(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("purge", flag.ContinueOnError)
 	var f storeFlags
 	f.register(fs)
-	batch := fs.Int("batch", 1000, "rows deleted per statement")
+	batch := fs.Int("batch", 1000, "records read per statement (the expired ones among them are deleted)")
 	if err := parse(fs, args, nil); err != nil {
 		return err
 	}

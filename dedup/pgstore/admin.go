@@ -100,23 +100,53 @@ func (s *Store) Redrive(ctx context.Context, scope, messageID string) error {
 	})
 }
 
-// Purge deletes expired records (expires_at before the database's now()), at
-// most batch rows per statement (default 1000), until none is left or ctx
-// ends. Records without expires_at (PROCESSING, FAILED_RETRYABLE) are never
-// purged. It returns how many rows it deleted.
+// Purge deletes expired records (expires_at before the database's now()),
+// walking them in primary-key (id, so insertion) order from the oldest, at
+// most batch records per statement (default 1000): each statement reads the
+// next batch records and deletes the expired ones among them, so it never
+// deletes more than batch rows. Records without expires_at (PROCESSING,
+// FAILED_RETRYABLE) are never purged, nor any record before its expires_at.
+//
+// The walk stops at the expiry frontier: after the first step that deleted
+// nothing and whose records were all created less than
+// Config.SucceededRetention ago (or at the highest id when the purge
+// started). A record written under that retention or a longer one expires
+// at least that long after its creation, so none of them lies expired
+// beyond the frontier. One written by a Store with a shorter
+// SucceededRetention may: it is deleted by this walk when a step around it
+// deletes anything (scopes sharing the table with a shorter retention
+// interleave their records with the others'), else by a purge once the
+// records ahead of it are older than Config.SucceededRetention, or at once
+// by a purge from a Store with the shorter retention. Records kept
+// behind the frontier (FAILED_FINAL within its longer retention, and
+// non-terminal records) are read again by every purge. Run one purge per
+// table at a time: a second one walks the same records, waiting on the
+// rows the first is deleting. docs/operations.md ("Purge cost and indexes")
+// gives the costs.
+//
+// It returns how many rows it deleted, also with an error (ctx ending
+// between statements, or a statement failing).
 func (s *Store) Purge(ctx context.Context, batch int) (int64, error) {
 	if batch <= 0 {
 		batch = 1000
 	}
-	var total int64
+	var bound int64
+	if err := s.pool.QueryRow(ctx, s.q.purgeBoundSQL).Scan(&bound); err != nil {
+		return 0, fmt.Errorf("idemq: purge: %w", err)
+	}
+	retention := s.cfg.SucceededRetention.Seconds()
+	var total, after int64
 	for {
-		tag, err := s.pool.Exec(ctx, s.q.purgeSQL, batch)
-		if err != nil {
+		var last *int64
+		var deleted int64
+		var young bool
+		if err := s.pool.QueryRow(ctx, s.q.purgeSQL, after, batch, bound, retention).Scan(&last, &deleted, &young); err != nil {
 			return total, fmt.Errorf("idemq: purge: %w", err)
 		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batch) {
+		total += deleted
+		if last == nil || *last >= bound || (deleted == 0 && young) {
 			return total, nil
 		}
+		after = *last
 	}
 }

@@ -10,8 +10,8 @@ import (
 
 // Purge on a schedule inside a service (docs/operations.md copies this; an
 // operator may use `idemq purge` from cron instead). Purge deletes expired
-// records and dead letters in batches of the given size and returns how many
-// it deleted, also when it fails part way.
+// records, reading batches of the given size, and returns how many it
+// deleted, also when it fails part way.
 func ExampleStore_Purge() {
 	ctx := context.Background()
 	var store *pgstore.Store // from pgstore.New

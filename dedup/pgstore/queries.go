@@ -41,7 +41,7 @@ type queries struct {
 	startMarkClearSQL, recordExhaustLostSQL string
 	// admin.sql
 	lookupByMessageIDSQL, lookupByBusinessKeySQL, deadLettersListSQL, redriveRecordSQL, redriveRecordStatusSQL,
-	redriveDeadLettersSQL, purgeSQL, deadLetterLockSQL, businessKeyHolderSQL, redriveAuditInsertSQL,
+	redriveDeadLettersSQL, purgeBoundSQL, purgeSQL, deadLetterLockSQL, businessKeyHolderSQL, redriveAuditInsertSQL,
 	redriveAuditGetSQL, redriveAuditPublishedSQL string
 }
 
@@ -54,6 +54,7 @@ func tableNames(cfg Config) map[string]any {
 	ident := func(name string) string { return pgx.Identifier{name}.Sanitize() }
 	r, d := cfg.RecordsTable, cfg.DeadLettersTable
 	return map[string]any{
+		"schema":                   ident(cfg.Schema), // to qualify an index name (DROP INDEX)
 		"records":                  qualified(r),
 		"dead_letters":             qualified(d),
 		"lane_watermarks":          qualified(r + laneWatermarksSuffix),
@@ -115,6 +116,7 @@ func newQueries(cfg Config) (queries, error) {
 		"redrive_record":          &q.redriveRecordSQL,
 		"redrive_record_status":   &q.redriveRecordStatusSQL,
 		"redrive_dead_letters":    &q.redriveDeadLettersSQL,
+		"purge_bound":             &q.purgeBoundSQL,
 		"purge":                   &q.purgeSQL,
 		"dead_letter_lock":        &q.deadLetterLockSQL,
 		"business_key_holder":     &q.businessKeyHolderSQL,

@@ -343,12 +343,26 @@ func TestSQLPurge(t *testing.T) {
 	expired := b.insert(t, newRecord{msg: b.msg("m-old", ""), sum: testSum, keyID: "k1", status: dedup.StatusSucceeded, attempts: 1, expirySecs: secs(-time.Minute)})
 	kept := b.insert(t, newRecord{msg: b.msg("m-new", ""), sum: testSum, keyID: "k1", status: dedup.StatusSucceeded, attempts: 1, expirySecs: secs(time.Hour)})
 	open := b.insert(t, newRecord{msg: b.msg("m-open", ""), sum: testSum, keyID: "k1", status: dedup.StatusFailedRetryable, attempts: 1})
-	tag, err := b.tx.Exec(b.ctx, b.q.purgeSQL, 1000)
-	if err != nil {
-		t.Fatal(err)
+	final := b.insert(t, newRecord{msg: b.msg("m-final", ""), sum: testSum, keyID: "k1", status: dedup.StatusFailedFinal, attempts: 1, expirySecs: secs(-time.Second)})
+	// A step walks at most $2 records after id $1, up to id $3, and says
+	// whether all of them were created less than $4 seconds ago.
+	step := func(after int64, limit int, retention time.Duration) (last, deleted int64, young bool) {
+		t.Helper()
+		var l *int64
+		if err := b.tx.QueryRow(b.ctx, b.q.purgeSQL, after, limit, final, retention.Seconds()).Scan(&l, &deleted, &young); err != nil || l == nil {
+			t.Fatalf("purge step after %d: %v, %v", after, l, err)
+		}
+		return *l, deleted, young
 	}
-	if tag.RowsAffected() != 1 {
-		t.Fatalf("purge deleted %d records, want 1", tag.RowsAffected())
+	// One record: the expired one, deleted.
+	if last, deleted, young := step(expired-1, 1, time.Hour); last != expired || deleted != 1 || !young {
+		t.Fatalf("first step: last %d deleted %d young %v; want %d, 1, true", last, deleted, young, expired)
+	}
+	// The rest (parallel tests' records may lie between ours): the expired
+	// final record deleted, the live and the retryable ones kept. Created
+	// now, they are young for a retention of an hour, not for none.
+	if last, deleted, young := step(expired, 1000, 0); last != final || deleted < 1 || young {
+		t.Fatalf("second step: last %d deleted %d young %v; want %d, ≥ 1, false", last, deleted, young, final)
 	}
 	var left []int64
 	rows, err := b.tx.Query(b.ctx, `select id from `+b.q.tables["records"].(string)+` where scope = $1 order by id`, b.scope)
@@ -363,7 +377,17 @@ func TestSQLPurge(t *testing.T) {
 		left = append(left, id)
 	}
 	if rows.Err() != nil || len(left) != 2 || left[0] != kept || left[1] != open {
-		t.Fatalf("left %v (expired %d), want %d and %d: %v", left, expired, kept, open, rows.Err())
+		t.Fatalf("left %v (expired %d, %d), want %d and %d: %v", left, expired, final, kept, open, rows.Err())
+	}
+	if _, deleted, young := step(kept-1, 1, time.Hour); deleted != 0 || !young {
+		t.Fatalf("step over the live record: deleted %d young %v; want 0, true (the frontier)", deleted, young)
+	}
+	// Past the bound: nothing.
+	var l *int64
+	var deleted int64
+	var young bool
+	if err := b.tx.QueryRow(b.ctx, b.q.purgeSQL, final, 1000, final, 3600.0).Scan(&l, &deleted, &young); err != nil || l != nil || deleted != 0 {
+		t.Fatalf("step past the bound: %v %d %v", l, deleted, err)
 	}
 }
 

@@ -33,10 +33,35 @@ select status from {{.records}} where scope = $1 and message_id = $2;
 update {{.dead_letters}} set redriven_at = now()
 where scope = $1 and message_id = $2 and redriven_at is null;
 
+-- name: purge_bound
+-- The highest record id when a purge starts: it walks no further (records
+-- inserted while it runs are left to the next purge).
+select coalesce(max(id), 0) from {{.records}};
+
 -- name: purge
--- At most $1 expired records; concurrent purges skip each other's rows.
-delete from {{.records}} where id in (
-  select id from {{.records}} where expires_at < now() order by expires_at limit $1 for update skip locked);
+-- One step of Store.Purge's walk: the next $2 records after id $1 (up to id
+-- $3), in primary-key order, and of those the expired ones deleted: one
+-- index scan of the primary key to find the step, one range scan of it for
+-- the DELETE. No index on expires_at: the primary key serves the walk, and
+-- updates of a record stay HOT (migrations/005_records_hot_updates.sql).
+-- The DELETE waits for a row another transaction holds locked and checks
+-- expires_at again on its latest version, so a record re-driven meanwhile
+-- (expires_at null) stays, and one that a concurrent purge deleted is
+-- skipped. (Locking the rows first with FOR UPDATE SKIP LOCKED, as the
+-- purge of migrations 001 to 004 did, writes each row twice: measured, it
+-- halves the purge's rate.) Returns the last id walked (null: nothing
+-- left), how many records were deleted, and whether every record of the
+-- step was created less than $4 seconds (the purging store's
+-- SucceededRetention) ago: such records cannot have expired yet, so a step
+-- like that which deleted nothing is the expiry frontier, where the walk
+-- stops.
+with step as materialized (
+  select id, created_at > now() - make_interval(secs => $4::float8) as young
+  from {{.records}} where id > $1 and id <= $3 order by id limit $2),
+gone as (
+  delete from {{.records}} where id > $1 and id <= (select max(id) from step) and expires_at < now()
+  returning 1)
+select max(id), (select count(*) from gone), coalesce(bool_and(young), false) from step;
 
 -- name: dead_letter_lock
 -- FOR UPDATE serializes two operators re-driving the same dead letter.
