@@ -104,6 +104,22 @@
 // isolation level with a real serializable write skew (pgstore:
 // TestHandlerIsolationLevel).
 //
+// # Forms and state transitions
+//
+// One-time submit tokens on the real Redis: issued, consumed once, then
+// ErrTokenUsed; unknown in another scope or forged
+// (TestSubmitTokenIssueConsume); expired after TTL, remembered as used for
+// UsedTTL (TestSubmitTokenExpiry); 50 submits of one token at once, one
+// wins (TestSubmitTokenConcurrentConsumes); Consume's reply lost and
+// go-redis resending it, still consumed by that call
+// (TestSubmitTokenConsumeReplyLost). Guarded transitions on the real
+// Postgres: legal, illegal, stale versions, a retry reported as already
+// applied, on text and enum status columns (TestTransitionRules); 20
+// identical callbacks at once change the order once
+// (TestTransitionConcurrentCallbacks); a provider callback delivered three
+// times, through an HTTP handler and through a Kafka consumer, changes the
+// order once (TestTransitionProviderCallbackThreeTimes).
+//
 // # Postgres-only tests live in dedup/pgstore
 //
 // A test that needs Postgres and nothing else (no broker, no Redis, no child

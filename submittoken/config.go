@@ -70,7 +70,10 @@ func (c Config) withDefaults() Config {
 // Validate reports the first invalid field of c after defaults, as an error
 // wrapping ErrInvalidConfig that names it; nil when New would accept c.
 func (c Config) Validate() error {
-	c = c.withDefaults()
+	return c.withDefaults().validate()
+}
+
+func (c Config) validate() error {
 	switch {
 	case c.Client == nil:
 		return fmt.Errorf("%w: Client is required", ErrInvalidConfig)

@@ -54,6 +54,6 @@ func Example() {
 			return
 		}
 		// … the payment, in a transaction that the database guards …
-		fmt.Fprintln(w, "paid")
+		_, _ = fmt.Fprintln(w, "paid")
 	})
 }

@@ -169,8 +169,9 @@ func wellFormed(token string) bool {
 		return false
 	}
 	for i := 0; i < len(token); i++ {
-		c := token[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+		switch c := token[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_':
+		default:
 			return false
 		}
 	}
