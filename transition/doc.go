@@ -32,8 +32,10 @@
 // hands an HTTP handler, so the transition commits with the record, the
 // business rows and the outbox rows), a *pgxpool.Pool or a *pgx.Conn
 // (each statement then commits alone). Under REPEATABLE READ or
-// SERIALIZABLE a concurrent transition fails with SQLSTATE 40001 instead,
-// which idemq's stores retry as a transient failure.
+// SERIALIZABLE a concurrent transition fails with SQLSTATE 40001 instead
+// (the database's error, returned wrapped): run the transaction again (a
+// handler under idemq's consumer is, as a transient failure); the next run
+// reads the committed row and reports it already applied.
 //
 // Table and column names are pgx.Identifier values, validated by New and
 // quoted, never spliced from strings. The status column may be text,

@@ -1,6 +1,7 @@
 package transition
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -120,5 +121,68 @@ func TestCollectorRegistersSeveralTimes(t *testing.T) {
 	}
 	if err := testutil.GatherAndCompare(r2, strings.NewReader(want), "idemq_transitions_total"); err != nil {
 		t.Error(err)
+	}
+}
+
+// fakeDB answers Apply's statements from a script: each UPDATE pops the
+// next entry of updates (nil: no row), each diagnosis read pops the next
+// entry of rows (nil: no row).
+type fakeDB struct {
+	updates []*int64
+	rows    []*fakeRow
+	calls   []string
+}
+
+type fakeRow struct {
+	status  string
+	version int64
+}
+
+type scanFunc func(dest ...any) error
+
+func (f scanFunc) Scan(dest ...any) error { return f(dest...) }
+
+func (db *fakeDB) QueryRow(_ context.Context, sql string, _ ...any) pgx.Row {
+	if strings.HasPrefix(sql, "UPDATE") {
+		db.calls = append(db.calls, "update")
+		v := db.updates[0]
+		db.updates = db.updates[1:]
+		return scanFunc(func(dest ...any) error {
+			if v == nil {
+				return pgx.ErrNoRows
+			}
+			*dest[0].(*int64) = *v
+			return nil
+		})
+	}
+	db.calls = append(db.calls, "read")
+	r := db.rows[0]
+	db.rows = db.rows[1:]
+	return scanFunc(func(dest ...any) error {
+		if r == nil {
+			return pgx.ErrNoRows
+		}
+		*dest[0].(*string), *dest[1].(*int64) = r.status, r.version
+		return nil
+	})
+}
+
+// The row moved out of and back into an allowed status between the UPDATE
+// and the read (a cycle, under READ COMMITTED): Apply runs the UPDATE
+// again, a bounded number of times.
+func TestApplyRetriesARaceBounded(t *testing.T) {
+	m, err := New(Config{Table: pgx.Identifier{"orders"}, Rules: append(orderRules, Rule{From: "PAID", To: "PENDING"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	three := int64(3)
+	db := &fakeDB{updates: []*int64{nil, &three}, rows: []*fakeRow{{"PENDING", 2}}}
+	res, err := m.Apply(t.Context(), db, "o-1", "PAID")
+	if err != nil || !res.Changed || res.Version != 3 || strings.Join(db.calls, ",") != "update,read,update" {
+		t.Fatalf("Apply = %+v, %v after %v; want changed at version 3 after update,read,update", res, err, db.calls)
+	}
+	db = &fakeDB{updates: []*int64{nil, nil, nil}, rows: []*fakeRow{{"PENDING", 2}, {"PENDING", 4}, {"PENDING", 6}}}
+	if _, err := m.Apply(t.Context(), db, "o-1", "PAID"); err == nil || !strings.Contains(err.Error(), "kept changing") || len(db.calls) != 2*maxRaces {
+		t.Fatalf("Apply on a row that keeps changing = %v after %v; want an error after %d rounds", err, db.calls, maxRaces)
 	}
 }
