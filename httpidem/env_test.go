@@ -119,19 +119,48 @@ type env struct {
 	before func(r *http.Request, attempt int) int
 	// after, when set, runs after the payment row was inserted.
 	after func(r *http.Request)
+	// current is the middleware the server runs (swapped by tests that
+	// change its configuration between requests).
+	current atomic.Pointer[Middleware]
+}
+
+// wrap runs h under the current middleware.
+func (e *env) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.current.Load().Handler(h).ServeHTTP(w, r)
+	})
 }
 
 // newEnv builds the env with tweak applied to the middleware's Config.
 func newEnv(t testing.TB, tweak func(*Config)) *env {
 	t.Helper()
+	return newEnvStore(t, nil, tweak)
+}
+
+// newEnvStore is newEnv with storeTweak applied to the store's Config.
+func newEnvStore(t testing.TB, storeTweak func(*pgstore.Config), tweak func(*Config)) *env {
+	t.Helper()
 	needDB(t)
 	if tt, ok := t.(*testing.T); ok {
 		tt.Parallel()
 	}
+	return buildEnv(t, storeTweak, tweak)
+}
+
+// newSerialEnv is newEnv for a test that must not run in parallel (it
+// changes package state).
+func newSerialEnv(t testing.TB, tweak func(*Config)) *env {
+	t.Helper()
+	needDB(t)
+	return buildEnv(t, nil, tweak)
+}
+
+func buildEnv(t testing.TB, storeTweak func(*pgstore.Config), tweak func(*Config)) *env {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	e := &env{t: t, ctx: ctx, biz: "httpidem_biz_" + randomHex(6), tenant: "t-" + randomHex(4)}
-	e.store = e.newStore(nil)
+	e.store = e.newStore(storeTweak)
 	e.exec(`create schema ` + e.biz)
 	e.exec(`create table ` + e.biz + `.payments (id text primary key, ref text unique, amount text not null)`)
 	e.exec(`create table ` + e.biz + `.refunds (id text primary key, amount text not null)`)
@@ -139,9 +168,10 @@ func newEnv(t testing.TB, tweak func(*Config)) *env {
 		_, _ = dbPool.Exec(context.Background(), "drop schema "+e.biz+" cascade")
 	})
 	e.mw = e.newMiddleware(tweak)
+	e.current.Store(e.mw)
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", e.mw.Handler(http.HandlerFunc(e.createPayment)))
-	mux.Handle("POST /refunds", e.mw.Handler(http.HandlerFunc(e.createRefund)))
+	mux.Handle("POST /payments", e.wrap(http.HandlerFunc(e.createPayment)))
+	mux.Handle("POST /refunds", e.wrap(http.HandlerFunc(e.createRefund)))
 	e.srv = httptest.NewServer(mux)
 	t.Cleanup(e.srv.Close)
 	return e

@@ -217,16 +217,15 @@ func (m *Middleware) process(w http.ResponseWriter, r *http.Request, next http.H
 			Detail: fmt.Sprintf("the request failed %d times and was dead-lettered; use a new key", res.Result.Attempts)})
 	}
 	// HTTPFailed: the handler's own answer (a non-final status), else 500.
-	if last != nil && !last.panicked && res.Result.Status != dedup.StatusFailedFinal {
+	if last != nil && !last.panicked && last.status >= 400 && !m.cfg.FinalStatus(last.status) {
 		last.writeTo(w)
 		return last.status, OutcomeFailed
 	}
+	detail := "the request failed and may be retried with the same Idempotency-Key"
 	if res.Result.Status == dedup.StatusFailedFinal {
-		return m.problem(w, OutcomeFailed, &Problem{Type: TypeKeyExhausted, Title: "Idempotency-Key exhausted", Status: http.StatusInternalServerError,
-			Detail: fmt.Sprintf("the request failed %d times and was dead-lettered; use a new key", res.Result.Attempts)})
+		detail = fmt.Sprintf("the request failed %d times and was dead-lettered; use a new key", res.Result.Attempts)
 	}
-	return m.problem(w, OutcomeFailed, &Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError), Status: http.StatusInternalServerError,
-		Detail: "the request failed and may be retried with the same Idempotency-Key"})
+	return m.problem(w, OutcomeFailed, &Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError), Status: http.StatusInternalServerError, Detail: detail})
 }
 
 func (m *Middleware) problem(w http.ResponseWriter, o Outcome, p *Problem) (int, Outcome) {
