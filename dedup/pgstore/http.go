@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
@@ -187,15 +188,17 @@ func (e errHTTPRefused) Unwrap() error { return e.err }
 // try is one transaction of Process.
 func (h *HTTPStore) try(ctx context.Context, req HTTPRequest, hd HTTPHandler) (HTTPResult, error) {
 	s, msg := h.s, req.Message
-	tx, err := s.pool.BeginTx(ctx, s.cfg.TxOptions)
+	// The lock timeout is set with BEGIN, in its round trip (a simple-
+	// protocol query of two statements; the store's TxOptions were
+	// validated by New: an isolation level, read write, no custom queries).
+	wait := max(req.LockWait, time.Millisecond)
+	opts := pgx.TxOptions{BeginQuery: "begin isolation level " + string(s.cfg.TxOptions.IsoLevel) + " read write; " +
+		strings.Replace(h.lockTimeoutSQL, "$1", "'"+strconv.FormatInt(wait.Milliseconds(), 10)+"ms'", 1)}
+	tx, err := s.pool.BeginTx(ctx, opts)
 	if err != nil {
 		return HTTPResult{}, fmt.Errorf("idemq: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	wait := max(req.LockWait, time.Millisecond)
-	if _, err := tx.Exec(ctx, h.lockTimeoutSQL, strconv.FormatInt(wait.Milliseconds(), 10)+"ms"); err != nil {
-		return HTTPResult{}, fmt.Errorf("idemq: http lock timeout: %w", err)
-	}
 	rowID, rec, err := s.claim(ctx, tx, claimRun{msg: msg, sum: req.Sum, keyID: req.KeyID, mode: claimProcessing})
 	if isLockTimeout(err) {
 		return HTTPResult{Outcome: HTTPInFlight, Result: dedup.Result{Outcome: dedup.OutcomeRetry, Err: dedup.ErrLeaseHeld}}, nil

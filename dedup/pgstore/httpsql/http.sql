@@ -6,7 +6,8 @@
 -- name: http_lock_timeout
 -- How long the claim waits for a concurrent request's transaction that holds
 -- the same record (its insert, or its row lock), local to the transaction.
--- $1 the timeout, e.g. '250ms'. A wait that runs out fails with SQLSTATE
+-- $1 the timeout, e.g. '250ms' (a literal: the statement runs with BEGIN, in
+-- its simple-protocol round trip). A wait that runs out fails with SQLSTATE
 -- 55P03 (lock_not_available): the request is in flight elsewhere.
 select set_config('lock_timeout', $1, true);
 
