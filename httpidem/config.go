@@ -232,7 +232,10 @@ func (c Config) withDefaults() Config {
 // would return, wrapping ErrInvalidConfig (ErrRetentionTooShort for
 // RetryWindow) and naming the field.
 func (c Config) Validate() error {
-	c = c.withDefaults()
+	return c.withDefaults().validate()
+}
+
+func (c Config) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: httpidem: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}

@@ -342,7 +342,7 @@ func (e *env) send(ctx context.Context, path, user, key, body string, hdr http.H
 	if err != nil {
 		return resp{}, err
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	b, err := io.ReadAll(res.Body)
 	if err != nil {
 		return resp{}, err

@@ -118,7 +118,7 @@ func ExampleNewMetrics() {
 // key, the same on every retry of the request and different across
 // principals and routes, so the provider deduplicates too.
 func ExampleKeyFromContext() {
-	handler := func(w http.ResponseWriter, r *http.Request) {
+	handler := func(_ http.ResponseWriter, r *http.Request) {
 		key, _ := httpidem.KeyFromContext(r.Context())
 		req, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, "https://provider.example/charges", nil)
 		req.Header.Set("Idempotency-Key", key)

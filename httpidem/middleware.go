@@ -41,7 +41,7 @@ type Middleware struct {
 // stored-response table with the other migrations).
 func New(cfg Config) (*Middleware, error) {
 	cfg = cfg.withDefaults()
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	hs, err := pgstore.NewHTTPStore(cfg.Store)
@@ -340,15 +340,14 @@ func parseKey(values []string) (string, bool) {
 		var b strings.Builder
 		in := key[1 : len(key)-1]
 		for i := 0; i < len(in); i++ {
-			c := in[i]
-			switch {
-			case c == '\\':
+			switch c := in[i]; c {
+			case '\\':
 				if i+1 >= len(in) || (in[i+1] != '"' && in[i+1] != '\\') {
 					return "", false
 				}
 				i++
 				b.WriteByte(in[i])
-			case c == '"':
+			case '"':
 				return "", false
 			default:
 				b.WriteByte(c)

@@ -161,7 +161,7 @@ func (s *spySpan) IsRecording() bool { return true }
 func (s *spySpan) SetName(n string)  { s.name = n }
 func (s *spySpan) SetAttributes(kv ...attribute.KeyValue) {
 	for _, a := range kv {
-		s.attrs[a.Key] = a.Value.Emit()
+		s.attrs[a.Key] = a.Value.String()
 	}
 }
 func (s *spySpan) SetStatus(codes.Code, string)            {}
