@@ -20,6 +20,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,6 +120,10 @@ type env struct {
 	before func(r *http.Request, attempt int) int
 	// after, when set, runs after the payment row was inserted.
 	after func(r *http.Request)
+	// provider counts the charges a fake payment provider received, by
+	// downstream idempotency key (lease mode).
+	providerMu sync.Mutex
+	provider   map[string]int
 	// current is the middleware the server runs (swapped by tests that
 	// change its configuration between requests).
 	current atomic.Pointer[Middleware]
@@ -172,6 +177,7 @@ func buildEnv(t testing.TB, storeTweak func(*pgstore.Config), tweak func(*Config
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", e.wrap(http.HandlerFunc(e.createPayment)))
 	mux.Handle("POST /refunds", e.wrap(http.HandlerFunc(e.createRefund)))
+	mux.Handle("POST /charges", e.wrap(http.HandlerFunc(e.createCharge)))
 	e.srv = httptest.NewServer(mux)
 	t.Cleanup(e.srv.Close)
 	return e
@@ -272,6 +278,33 @@ func (e *env) createPayment(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Not-Stored", "1")
 	w.WriteHeader(http.StatusCreated)
 	_, _ = fmt.Fprintf(w, `{"id":%q,"amount":%q,"attempt":%d}`, id, p.Amount, info.Attempt)
+}
+
+// createCharge is a lease-mode handler: no transaction, a call to a
+// provider with the request's downstream key.
+func (e *env) createCharge(w http.ResponseWriter, r *http.Request) {
+	info, _ := InfoFromContext(r.Context())
+	if e.before != nil {
+		if st := e.before(r, info.Attempt); st != 0 {
+			http.Error(w, "try again", st)
+			return
+		}
+	}
+	if FromContext(r.Context()) != nil {
+		http.Error(w, "lease mode has a transaction", http.StatusInternalServerError)
+		return
+	}
+	key, _ := KeyFromContext(r.Context())
+	e.calls.Add(1)
+	e.providerMu.Lock()
+	if e.provider == nil {
+		e.provider = map[string]int{}
+	}
+	e.provider[key]++
+	e.providerMu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = fmt.Fprintf(w, `{"charge":%q,"attempt":%d}`, key, info.Attempt)
 }
 
 func (e *env) createRefund(w http.ResponseWriter, r *http.Request) {

@@ -162,3 +162,28 @@ func Example_router() {
 	// Output:
 	// 400
 }
+
+// Lease mode, for a handler that calls a payment provider: the claim
+// commits first, the handler runs without a transaction, and the
+// provider gets the same idempotency key on every run of the request
+// (also after a takeover from an owner that died).
+func ExampleConfig_lease() {
+	store, fp := newStore() // lease mode fingerprints through the store: the same Fingerprinter
+	mw, err := httpidem.New(httpidem.Config{
+		Store: store, Fingerprinter: fp, Principal: httpidem.Header("X-User"),
+		Lease: &dedup.LeaseOptions{TTL: 30 * time.Second}, // heartbeats every 10s
+	})
+	if err != nil {
+		panic(err)
+	}
+	charge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, _ := httpidem.KeyFromContext(r.Context())
+		_ = key // Idempotency-Key of the provider call
+		w.WriteHeader(http.StatusCreated)
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /charges", mw.Handler(charge))
+	fmt.Println(mw.Config().Lease.TTL)
+	// Output:
+	// 30s
+}
