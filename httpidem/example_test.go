@@ -187,3 +187,25 @@ func ExampleConfig_lease() {
 	// Output:
 	// 30s
 }
+
+// An Extractor that fails with a *Problem has it written as the answer:
+// here an unauthenticated request gets 401 before anything is recorded.
+func ExampleExtractor() {
+	principal := func(r *http.Request) (string, error) {
+		if u := r.Header.Get("X-User"); u != "" {
+			return u, nil
+		}
+		return "", &httpidem.Problem{Type: "about:blank", Title: "Unauthorized", Status: http.StatusUnauthorized}
+	}
+	store, fp := newStore()
+	mw, _ := httpidem.New(httpidem.Config{Store: store, Fingerprinter: fp, Principal: principal})
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", mw.Handler(http.NotFoundHandler()))
+	r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
+	r.Header.Set(httpidem.KeyHeader, "K1")
+	w := httptest.NewRecorder()
+	mux.ServeHTTP(w, r)
+	fmt.Print(w.Code, " ", w.Body.String())
+	// Output:
+	// 401 {"type":"about:blank","title":"Unauthorized","status":401}
+}
