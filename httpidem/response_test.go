@@ -274,3 +274,30 @@ func FuzzDecodeResponse(f *testing.F) {
 		_, _ = decodeResponse(b, "", responseOptions{})
 	})
 }
+
+// BenchmarkResponse: encoding and decoding a 1 KiB response, plain and sealed.
+func BenchmarkResponse(b *testing.B) {
+	r := sampleResponse()
+	r.Body = bytes.Repeat([]byte("a"), 1024)
+	s, _ := NewAESGCM("k1", map[string][]byte{"k1": key(1, 32)})
+	for _, c := range []struct {
+		name string
+		opt  responseOptions
+	}{{"plain", responseOptions{}}, {"sealed", responseOptions{Sealer: s, Record: []byte("t|p|POST /x|k")}}} {
+		b.Run(c.name+"/encode", func(b *testing.B) {
+			for b.Loop() {
+				if _, _, err := encodeResponse(r, c.opt); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		blob, keyID, _ := encodeResponse(r, c.opt)
+		b.Run(c.name+"/decode", func(b *testing.B) {
+			for b.Loop() {
+				if _, err := decodeResponse(blob, keyID, c.opt); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
