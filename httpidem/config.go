@@ -167,6 +167,20 @@ type Config struct {
 	// gets the body unchanged, replays get the redacted one. Default nil:
 	// stored as sent.
 	Redact func(status int, header http.Header, body []byte) []byte
+	// Lease, when set, runs the handler in lease mode, for handlers whose
+	// side effects cannot join a transaction (a payment provider's API):
+	// the claim commits first (PROCESSING, owner token, fence, a lease of
+	// Lease.TTL in database time, extended by heartbeats), the handler
+	// runs without a transaction (FromContext returns nil) and passes
+	// KeyFromContext downstream, its final response is stored under the
+	// lease's token and fence, then the record is marked SUCCEEDED. A copy
+	// that finds a live lease gets 409 + Retry-After; one that finds an
+	// expired lease takes over (fence + 1) and runs the handler again
+	// with the same downstream key; a stale owner's response and marks
+	// are refused (fenced). The Store's own Fingerprinter must be
+	// Config.Fingerprinter (lease mode fingerprints through the store).
+	// Default nil: atomic mode. TTL at least 1s (see dedup.LeaseOptions).
+	Lease *dedup.LeaseOptions
 	// Metrics, when set, counts outcomes (see NewMetrics). Default nil.
 	Metrics *Metrics
 	// TracerProvider makes the server span the middleware creates, or
@@ -232,7 +246,10 @@ func (c Config) withDefaults() Config {
 // would return, wrapping ErrInvalidConfig (ErrRetentionTooShort for
 // RetryWindow) and naming the field.
 func (c Config) Validate() error {
-	c = c.withDefaults()
+	return c.withDefaults().validate()
+}
+
+func (c Config) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: httpidem: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
@@ -265,6 +282,14 @@ func (c Config) Validate() error {
 	for _, m := range c.Methods {
 		if m == "" || !slices.Contains([]string{http.MethodPost, http.MethodPatch, http.MethodPut, http.MethodDelete, http.MethodGet}, m) {
 			return bad("Methods: %q must be one of POST, PATCH, PUT, DELETE, GET", m)
+		}
+	}
+	if c.Lease != nil {
+		if err := c.Lease.ValidateUnder(0); err != nil {
+			return bad("Lease: %v", err)
+		}
+		if c.Store.Config().Fingerprinter != c.Fingerprinter {
+			return bad("Lease: the Store's Fingerprinter must be Config.Fingerprinter (lease mode fingerprints through the store)")
 		}
 	}
 	if err := validateIgnore(c.IgnoreFields); err != nil {

@@ -72,11 +72,7 @@
 //     records touched within Config.RetryWindow: 429 TypeTooManyUnfinished
 //     with Retry-After; nothing is written.
 //
-// Async routes (202 with a status URL) and lease mode (a claim committed
-// first, for handlers that call external providers outside the
-// transaction) are not built yet: a handler that calls a payment provider
-// passes KeyFromContext downstream, so the provider deduplicates the
-// retries that run after a failure.
+// Async routes (202 with a status URL) are not built yet.
 //
 // # Atomicity and the claim design
 //
@@ -108,6 +104,23 @@
 // so the record is never left in flight or lost, and its retry replays. A
 // COMMIT whose outcome is unknown (the connection lost) answers 503
 // TypeUnavailable with Retry-After; the retry finds the truth.
+//
+// # Lease mode
+//
+// Handlers whose side effects cannot join the transaction (a payment
+// provider's API) set Config.Lease: the claim commits first through
+// dedup/pgstore's lease mode (PROCESSING with an owner token, a fence and a
+// lease in database time, extended by heartbeats), so the unfinished key is
+// visible and counted at once; the handler runs without a transaction
+// (FromContext returns nil) and passes KeyFromContext to the provider; its
+// final response is stored only while the lease's token and fence still
+// hold the record, then the record is marked SUCCEEDED the same way. A copy
+// that finds a live lease gets 409 with Retry-After; one that finds an
+// expired lease (its owner died or stalled) takes over with fence + 1 and
+// runs the handler again with the same downstream key, so the provider
+// deduplicates; the stale owner's response and marks are refused, and its
+// client gets 409. These are brandur's atomic phases with one recovery
+// point: the provider's own idempotency key.
 //
 // # Stored responses
 //

@@ -20,6 +20,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,19 +120,52 @@ type env struct {
 	before func(r *http.Request, attempt int) int
 	// after, when set, runs after the payment row was inserted.
 	after func(r *http.Request)
+	// provider counts the charges a fake payment provider received, by
+	// downstream idempotency key (lease mode).
+	providerMu sync.Mutex
+	provider   map[string]int
+	// current is the middleware the server runs (swapped by tests that
+	// change its configuration between requests).
+	current atomic.Pointer[Middleware]
+}
+
+// wrap runs h under the current middleware.
+func (e *env) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.current.Load().Handler(h).ServeHTTP(w, r)
+	})
 }
 
 // newEnv builds the env with tweak applied to the middleware's Config.
 func newEnv(t testing.TB, tweak func(*Config)) *env {
 	t.Helper()
+	return newEnvStore(t, nil, tweak)
+}
+
+// newEnvStore is newEnv with storeTweak applied to the store's Config.
+func newEnvStore(t testing.TB, storeTweak func(*pgstore.Config), tweak func(*Config)) *env {
+	t.Helper()
 	needDB(t)
 	if tt, ok := t.(*testing.T); ok {
 		tt.Parallel()
 	}
+	return buildEnv(t, storeTweak, tweak)
+}
+
+// newSerialEnv is newEnv for a test that must not run in parallel (it
+// changes package state).
+func newSerialEnv(t testing.TB, tweak func(*Config)) *env {
+	t.Helper()
+	needDB(t)
+	return buildEnv(t, nil, tweak)
+}
+
+func buildEnv(t testing.TB, storeTweak func(*pgstore.Config), tweak func(*Config)) *env {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	e := &env{t: t, ctx: ctx, biz: "httpidem_biz_" + randomHex(6), tenant: "t-" + randomHex(4)}
-	e.store = e.newStore(nil)
+	e.store = e.newStore(storeTweak)
 	e.exec(`create schema ` + e.biz)
 	e.exec(`create table ` + e.biz + `.payments (id text primary key, ref text unique, amount text not null)`)
 	e.exec(`create table ` + e.biz + `.refunds (id text primary key, amount text not null)`)
@@ -139,9 +173,11 @@ func newEnv(t testing.TB, tweak func(*Config)) *env {
 		_, _ = dbPool.Exec(context.Background(), "drop schema "+e.biz+" cascade")
 	})
 	e.mw = e.newMiddleware(tweak)
+	e.current.Store(e.mw)
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", e.mw.Handler(http.HandlerFunc(e.createPayment)))
-	mux.Handle("POST /refunds", e.mw.Handler(http.HandlerFunc(e.createRefund)))
+	mux.Handle("POST /payments", e.wrap(http.HandlerFunc(e.createPayment)))
+	mux.Handle("POST /refunds", e.wrap(http.HandlerFunc(e.createRefund)))
+	mux.Handle("POST /charges", e.wrap(http.HandlerFunc(e.createCharge)))
 	e.srv = httptest.NewServer(mux)
 	t.Cleanup(e.srv.Close)
 	return e
@@ -244,6 +280,33 @@ func (e *env) createPayment(w http.ResponseWriter, r *http.Request) {
 	_, _ = fmt.Fprintf(w, `{"id":%q,"amount":%q,"attempt":%d}`, id, p.Amount, info.Attempt)
 }
 
+// createCharge is a lease-mode handler: no transaction, a call to a
+// provider with the request's downstream key.
+func (e *env) createCharge(w http.ResponseWriter, r *http.Request) {
+	info, _ := InfoFromContext(r.Context())
+	if e.before != nil {
+		if st := e.before(r, info.Attempt); st != 0 {
+			http.Error(w, "try again", st)
+			return
+		}
+	}
+	if FromContext(r.Context()) != nil {
+		http.Error(w, "lease mode has a transaction", http.StatusInternalServerError)
+		return
+	}
+	key, _ := KeyFromContext(r.Context())
+	e.calls.Add(1)
+	e.providerMu.Lock()
+	if e.provider == nil {
+		e.provider = map[string]int{}
+	}
+	e.provider[key]++
+	e.providerMu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = fmt.Fprintf(w, `{"charge":%q,"attempt":%d}`, key, info.Attempt)
+}
+
 func (e *env) createRefund(w http.ResponseWriter, r *http.Request) {
 	tx := FromContext(r.Context())
 	id := "ref_" + randomHex(4)
@@ -312,7 +375,7 @@ func (e *env) send(ctx context.Context, path, user, key, body string, hdr http.H
 	if err != nil {
 		return resp{}, err
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	b, err := io.ReadAll(res.Body)
 	if err != nil {
 		return resp{}, err

@@ -118,7 +118,7 @@ func ExampleNewMetrics() {
 // key, the same on every retry of the request and different across
 // principals and routes, so the provider deduplicates too.
 func ExampleKeyFromContext() {
-	handler := func(w http.ResponseWriter, r *http.Request) {
+	handler := func(_ http.ResponseWriter, r *http.Request) {
 		key, _ := httpidem.KeyFromContext(r.Context())
 		req, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, "https://provider.example/charges", nil)
 		req.Header.Set("Idempotency-Key", key)
@@ -161,4 +161,51 @@ func Example_router() {
 	fmt.Println(w.Code)
 	// Output:
 	// 400
+}
+
+// Lease mode, for a handler that calls a payment provider: the claim
+// commits first, the handler runs without a transaction, and the
+// provider gets the same idempotency key on every run of the request
+// (also after a takeover from an owner that died).
+func ExampleConfig_lease() {
+	store, fp := newStore() // lease mode fingerprints through the store: the same Fingerprinter
+	mw, err := httpidem.New(httpidem.Config{
+		Store: store, Fingerprinter: fp, Principal: httpidem.Header("X-User"),
+		Lease: &dedup.LeaseOptions{TTL: 30 * time.Second}, // heartbeats every 10s
+	})
+	if err != nil {
+		panic(err)
+	}
+	charge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, _ := httpidem.KeyFromContext(r.Context())
+		_ = key // Idempotency-Key of the provider call
+		w.WriteHeader(http.StatusCreated)
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /charges", mw.Handler(charge))
+	fmt.Println(mw.Config().Lease.TTL)
+	// Output:
+	// 30s
+}
+
+// An Extractor that fails with a *Problem has it written as the answer:
+// here an unauthenticated request gets 401 before anything is recorded.
+func ExampleExtractor() {
+	principal := func(r *http.Request) (string, error) {
+		if u := r.Header.Get("X-User"); u != "" {
+			return u, nil
+		}
+		return "", &httpidem.Problem{Type: "about:blank", Title: "Unauthorized", Status: http.StatusUnauthorized}
+	}
+	store, fp := newStore()
+	mw, _ := httpidem.New(httpidem.Config{Store: store, Fingerprinter: fp, Principal: principal})
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", mw.Handler(http.NotFoundHandler()))
+	r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
+	r.Header.Set(httpidem.KeyHeader, "K1")
+	w := httptest.NewRecorder()
+	mux.ServeHTTP(w, r)
+	fmt.Print(w.Code, " ", w.Body.String())
+	// Output:
+	// 401 {"type":"about:blank","title":"Unauthorized","status":401}
 }

@@ -12,32 +12,32 @@ import (
 type Outcome string
 
 const (
-	// OutcomeExecuted: the handler ran and its final response committed
+	// OutcomeExecuted means the handler ran and its final response committed
 	// with the record (a new key, or a retry after a retryable failure).
 	OutcomeExecuted Outcome = "executed"
-	// OutcomeReplayed: the key's record had finished with the same
+	// OutcomeReplayed means the key's record had finished with the same
 	// fingerprint; the stored response was replayed, the handler not
 	// called.
 	OutcomeReplayed Outcome = "replayed"
-	// OutcomeConflict: the key was used with another request; answered
+	// OutcomeConflict means the key was used with another request; answered
 	// Config.ConflictStatus.
 	OutcomeConflict Outcome = "conflict"
-	// OutcomeInFlight: another request with the key was running; answered
+	// OutcomeInFlight means another request with the key was running; answered
 	// 409 with Retry-After.
 	OutcomeInFlight Outcome = "in_flight"
-	// OutcomeTooManyUnfinished: the principal's unfinished keys reached
+	// OutcomeTooManyUnfinished means the principal's unfinished keys reached
 	// Config.MaxUnfinished; answered 429.
 	OutcomeTooManyUnfinished Outcome = "too_many_unfinished"
-	// OutcomeFailed: the handler ran and failed retryably (a non-final
+	// OutcomeFailed means the handler ran and failed retryably (a non-final
 	// status, a panic, a refused COMMIT); the record is retryable.
 	OutcomeFailed Outcome = "failed"
-	// OutcomeExhausted: the key's record is FAILED_FINAL; answered 409.
+	// OutcomeExhausted means the key's record is FAILED_FINAL; answered 409.
 	OutcomeExhausted Outcome = "exhausted"
-	// OutcomeRejected: the request was refused before any record was
+	// OutcomeRejected means the request was refused before any record was
 	// touched (missing or invalid key, body too large or malformed, an
 	// extractor failed).
 	OutcomeRejected Outcome = "rejected"
-	// OutcomeUnavailable: the store failed or the outcome is unknown;
+	// OutcomeUnavailable means the store failed or the outcome is unknown;
 	// answered 503.
 	OutcomeUnavailable Outcome = "unavailable"
 )

@@ -41,7 +41,7 @@ type Middleware struct {
 // stored-response table with the other migrations).
 func New(cfg Config) (*Middleware, error) {
 	cfg = cfg.withDefaults()
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	hs, err := pgstore.NewHTTPStore(cfg.Store)
@@ -168,6 +168,9 @@ func (m *Middleware) process(w http.ResponseWriter, r *http.Request, next http.H
 	// have written nor the COMMIT that records it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.Timeout)
 	defer cancel()
+	if m.cfg.Lease != nil {
+		return m.processLeased(ctx, w, r, next, leaseCall{req: req, msg: msg, info: info, record: record, principal: hreq.Principal}, span)
+	}
 	var last *recorder
 	res, err := m.hs.Process(ctx, hreq, func(ctx context.Context, tx pgx.Tx, attempt int) (pgstore.HTTPResponse, error) {
 		info := info
@@ -177,25 +180,14 @@ func (m *Middleware) process(w http.ResponseWriter, r *http.Request, next http.H
 		hr := r.Clone(context.WithValue(ctx, ctxKey{}, &requestState{tx: tx, info: info}))
 		hr.Body = io.NopCloser(bytes.NewReader(req.body))
 		hr.ContentLength = int64(len(req.body))
-		if err := runHandler(next, rec, hr); err != nil {
-			return pgstore.HTTPResponse{}, err
-		}
-		if !m.cfg.FinalStatus(rec.status) && rec.status >= 400 {
-			return pgstore.HTTPResponse{}, fmt.Errorf("httpidem: handler answered %d %s (not final: retryable)", rec.status, http.StatusText(rec.status))
-		}
-		blob, sealedBy, err := encodeResponse(storedResponse{Status: rec.status, Header: rec.header, Body: rec.body.Bytes(), ResourceID: rec.header.Get(ResourceIDHeader)}, m.responseOptions(record))
-		if err != nil {
-			return pgstore.HTTPResponse{}, fmt.Errorf("httpidem: store response: %w", err)
-		}
-		return pgstore.HTTPResponse{Status: rec.status, Stored: blob, SealedBy: sealedBy}, nil
+		return m.run(next, rec, hr, record)
 	})
 	if span.IsRecording() {
 		span.SetAttributes(attribute.Int("idemq.http.attempt", res.Result.Attempts))
 	}
 	if err != nil {
 		m.cfg.Logger.Error("httpidem: outcome not recorded", "scope", scope, "key", req.key, "handler_called", res.Result.HandlerCalled, "err", err)
-		return m.problem(w, OutcomeUnavailable, &Problem{Type: TypeUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
-			Detail: "the outcome of this request could not be recorded; retry with the same Idempotency-Key", RetryAfter: m.cfg.RetryAfter})
+		return m.unavailable(w)
 	}
 	switch res.Outcome {
 	case pgstore.HTTPExecuted:
@@ -204,29 +196,54 @@ func (m *Middleware) process(w http.ResponseWriter, r *http.Request, next http.H
 	case pgstore.HTTPReplayed:
 		return m.replay(w, res.Response, record, scope, req.key)
 	case pgstore.HTTPConflict:
-		return m.problem(w, OutcomeConflict, &Problem{Type: TypeKeyReused, Title: "Idempotency-Key reused with a different request", Status: m.cfg.ConflictStatus,
-			Detail: "this key was used with a different request (body, content type, API version, route or principal); send a new key for a new request"})
+		return m.conflict(w)
 	case pgstore.HTTPInFlight:
-		return m.problem(w, OutcomeInFlight, &Problem{Type: TypeInFlight, Title: "A request with this Idempotency-Key is in progress", Status: http.StatusConflict,
-			Detail: "retry after the first request finishes", RetryAfter: m.cfg.RetryAfter})
+		return m.inFlight(w)
 	case pgstore.HTTPTooManyUnfinished:
-		return m.problem(w, OutcomeTooManyUnfinished, &Problem{Type: TypeTooManyUnfinished, Title: "Too many unfinished Idempotency-Keys", Status: http.StatusTooManyRequests,
-			Detail: fmt.Sprintf("at most %d keys may be unfinished at once; retry the unfinished ones first", m.cfg.MaxUnfinished), RetryAfter: m.cfg.RetryAfter})
+		return m.tooManyUnfinished(w)
 	case pgstore.HTTPExhausted:
-		return m.problem(w, OutcomeExhausted, &Problem{Type: TypeKeyExhausted, Title: "Idempotency-Key exhausted", Status: http.StatusConflict,
-			Detail: fmt.Sprintf("the request failed %d times and was dead-lettered; use a new key", res.Result.Attempts)})
+		return m.exhausted(w, res.Result.Attempts)
 	}
-	// HTTPFailed: the handler's own answer (a non-final status), else 500.
-	if last != nil && !last.panicked && res.Result.Status != dedup.StatusFailedFinal {
+	return m.failed(w, last, res.Result)
+}
+
+// failed answers a request whose handler failed: with the handler's own
+// answer when it chose a non-final failure status, else 500.
+func (m *Middleware) failed(w http.ResponseWriter, last *recorder, res dedup.Result) (int, Outcome) {
+	if last != nil && !last.panicked && last.status >= 400 && !m.cfg.FinalStatus(last.status) {
 		last.writeTo(w)
 		return last.status, OutcomeFailed
 	}
-	if res.Result.Status == dedup.StatusFailedFinal {
-		return m.problem(w, OutcomeFailed, &Problem{Type: TypeKeyExhausted, Title: "Idempotency-Key exhausted", Status: http.StatusInternalServerError,
-			Detail: fmt.Sprintf("the request failed %d times and was dead-lettered; use a new key", res.Result.Attempts)})
+	detail := "the request failed and may be retried with the same Idempotency-Key"
+	if res.Status == dedup.StatusFailedFinal {
+		detail = fmt.Sprintf("the request failed %d times and was dead-lettered; use a new key", res.Attempts)
 	}
-	return m.problem(w, OutcomeFailed, &Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError), Status: http.StatusInternalServerError,
-		Detail: "the request failed and may be retried with the same Idempotency-Key"})
+	return m.problem(w, OutcomeFailed, &Problem{Type: "about:blank", Title: http.StatusText(http.StatusInternalServerError), Status: http.StatusInternalServerError, Detail: detail})
+}
+
+func (m *Middleware) conflict(w http.ResponseWriter) (int, Outcome) {
+	return m.problem(w, OutcomeConflict, &Problem{Type: TypeKeyReused, Title: "Idempotency-Key reused with a different request", Status: m.cfg.ConflictStatus,
+		Detail: "this key was used with a different request (body, content type, API version, route or principal); send a new key for a new request"})
+}
+
+func (m *Middleware) inFlight(w http.ResponseWriter) (int, Outcome) {
+	return m.problem(w, OutcomeInFlight, &Problem{Type: TypeInFlight, Title: "A request with this Idempotency-Key is in progress", Status: http.StatusConflict,
+		Detail: "retry after the first request finishes", RetryAfter: m.cfg.RetryAfter})
+}
+
+func (m *Middleware) tooManyUnfinished(w http.ResponseWriter) (int, Outcome) {
+	return m.problem(w, OutcomeTooManyUnfinished, &Problem{Type: TypeTooManyUnfinished, Title: "Too many unfinished Idempotency-Keys", Status: http.StatusTooManyRequests,
+		Detail: fmt.Sprintf("at most %d keys may be unfinished at once; retry the unfinished ones first", m.cfg.MaxUnfinished), RetryAfter: m.cfg.RetryAfter})
+}
+
+func (m *Middleware) exhausted(w http.ResponseWriter, attempts int) (int, Outcome) {
+	return m.problem(w, OutcomeExhausted, &Problem{Type: TypeKeyExhausted, Title: "Idempotency-Key exhausted", Status: http.StatusConflict,
+		Detail: fmt.Sprintf("the request failed %d times and was dead-lettered; use a new key", attempts)})
+}
+
+func (m *Middleware) unavailable(w http.ResponseWriter) (int, Outcome) {
+	return m.problem(w, OutcomeUnavailable, &Problem{Type: TypeUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
+		Detail: "the outcome of this request could not be recorded; retry with the same Idempotency-Key", RetryAfter: m.cfg.RetryAfter})
 }
 
 func (m *Middleware) problem(w http.ResponseWriter, o Outcome, p *Problem) (int, Outcome) {
@@ -341,15 +358,14 @@ func parseKey(values []string) (string, bool) {
 		var b strings.Builder
 		in := key[1 : len(key)-1]
 		for i := 0; i < len(in); i++ {
-			c := in[i]
-			switch {
-			case c == '\\':
+			switch c := in[i]; c {
+			case '\\':
 				if i+1 >= len(in) || (in[i+1] != '"' && in[i+1] != '\\') {
 					return "", false
 				}
 				i++
 				b.WriteByte(in[i])
-			case c == '"':
+			case '"':
 				return "", false
 			default:
 				b.WriteByte(c)
@@ -406,6 +422,22 @@ func routePath(route string) string {
 		return strings.TrimSpace(route[i+1:])
 	}
 	return route
+}
+
+// run runs next for hr into rec and returns the response to store, or the
+// handler's failure: a panic, or a status that is not final.
+func (m *Middleware) run(next http.Handler, rec *recorder, hr *http.Request, record []byte) (pgstore.HTTPResponse, error) {
+	if err := runHandler(next, rec, hr); err != nil {
+		return pgstore.HTTPResponse{}, err
+	}
+	if !m.cfg.FinalStatus(rec.status) && rec.status >= 400 {
+		return pgstore.HTTPResponse{}, fmt.Errorf("httpidem: handler answered %d %s (not final: retryable)", rec.status, http.StatusText(rec.status))
+	}
+	blob, sealedBy, err := encodeResponse(storedResponse{Status: rec.status, Header: rec.header, Body: rec.body.Bytes(), ResourceID: rec.header.Get(ResourceIDHeader)}, m.responseOptions(record))
+	if err != nil {
+		return pgstore.HTTPResponse{}, fmt.Errorf("httpidem: store response: %w", err)
+	}
+	return pgstore.HTTPResponse{Status: rec.status, Stored: blob, SealedBy: sealedBy}, nil
 }
 
 // runHandler runs next, turning a panic into a *dedup.PanicError.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemq/idemq/dedup"
@@ -30,7 +31,8 @@ var httpStatements = namedsql.MustParseFS(httpSQLFS, "httpsql/*.sql")
 type HTTPStore struct {
 	s *Store
 
-	lockTimeoutSQL, lockTimeoutResetSQL, unfinishedCountSQL, readSQL, upsertSQL, recordIDSQL string
+	lockTimeoutSQL, lockTimeoutResetSQL, unfinishedCountSQL, readSQL, upsertSQL, recordIDSQL, storedByIdentitySQL,
+	upsertLeasedSQL string
 }
 
 // NewHTTPStore returns the HTTPStore of s. It fails only when the code and
@@ -47,6 +49,8 @@ func NewHTTPStore(s *Store) (*HTTPStore, error) {
 		"http_read":               &h.readSQL,
 		"http_upsert":             &h.upsertSQL,
 		"http_record_id":          &h.recordIDSQL,
+		"http_stored_by_identity": &h.storedByIdentitySQL,
+		"http_upsert_leased":      &h.upsertLeasedSQL,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("idemq: http statements: %w", err)
@@ -187,15 +191,17 @@ func (e errHTTPRefused) Unwrap() error { return e.err }
 // try is one transaction of Process.
 func (h *HTTPStore) try(ctx context.Context, req HTTPRequest, hd HTTPHandler) (HTTPResult, error) {
 	s, msg := h.s, req.Message
-	tx, err := s.pool.BeginTx(ctx, s.cfg.TxOptions)
+	// The lock timeout is set with BEGIN, in its round trip (a simple-
+	// protocol query of two statements; the store's TxOptions were
+	// validated by New: an isolation level, read write, no custom queries).
+	wait := max(req.LockWait, time.Millisecond)
+	opts := pgx.TxOptions{BeginQuery: "begin isolation level " + string(s.cfg.TxOptions.IsoLevel) + " read write; " +
+		strings.Replace(h.lockTimeoutSQL, "$1", "'"+strconv.FormatInt(wait.Milliseconds(), 10)+"ms'", 1)}
+	tx, err := s.pool.BeginTx(ctx, opts)
 	if err != nil {
 		return HTTPResult{}, fmt.Errorf("idemq: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	wait := max(req.LockWait, time.Millisecond)
-	if _, err := tx.Exec(ctx, h.lockTimeoutSQL, strconv.FormatInt(wait.Milliseconds(), 10)+"ms"); err != nil {
-		return HTTPResult{}, fmt.Errorf("idemq: http lock timeout: %w", err)
-	}
 	rowID, rec, err := s.claim(ctx, tx, claimRun{msg: msg, sum: req.Sum, keyID: req.KeyID, mode: claimProcessing})
 	if isLockTimeout(err) {
 		return HTTPResult{Outcome: HTTPInFlight, Result: dedup.Result{Outcome: dedup.OutcomeRetry, Err: dedup.ErrLeaseHeld}}, nil
@@ -425,4 +431,77 @@ func (h *HTTPStore) read(ctx context.Context, tx pgx.Tx, rowID int64) (httpStore
 func isLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// HTTPStored is what HTTPStore.Stored finds for an identity.
+type HTTPStored struct {
+	// Status is the record's status ("" when there is no record).
+	Status dedup.Status
+	// CanonVersion is the canonicalization version stored with the
+	// record (0 when it has no stored part yet).
+	CanonVersion int
+	// Response is the stored final response (Status 0 when none).
+	Response HTTPResponse
+}
+
+// Stored reads the record of id and its stored part, without a lock: the
+// canonicalization version a lease-mode request must be fingerprinted
+// with, and the response a duplicate replays.
+func (h *HTTPStore) Stored(ctx context.Context, id dedup.Identity) (HTTPStored, error) {
+	var st HTTPStored
+	var status *string
+	var version, code *int32
+	err := h.s.pool.QueryRow(ctx, h.storedByIdentitySQL, id.Scope, id.MessageID).
+		Scan(&status, &version, &code, &st.Response.Stored, &st.Response.SealedBy)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return HTTPStored{}, nil
+	}
+	if err != nil {
+		return HTTPStored{}, fmt.Errorf("idemq: http stored %s: %w", id, err)
+	}
+	if status != nil {
+		st.Status = dedup.Status(*status)
+	}
+	if version != nil {
+		st.CanonVersion = int(*version)
+	}
+	if code != nil {
+		st.Response.Status = int(*code)
+	}
+	return st, nil
+}
+
+// StoreLeased writes the stored part of a lease-mode record in a
+// transaction of its own, only while l (owner token and fence) still holds
+// the record: a final response (final true; resp stored, no longer
+// unfinished) before the owner marks the record SUCCEEDED, or a retryable
+// failure (final false; counted by the unfinished cap). It returns an
+// error wrapping dedup.ErrFenced when the lease was taken over.
+func (h *HTTPStore) StoreLeased(ctx context.Context, l dedup.Lease, principal string, canonVersion int, final bool, resp HTTPResponse) error {
+	id := l.Identity
+	var status *int
+	if final {
+		status = &resp.Status
+	}
+	var rowID int64
+	err := h.s.pool.QueryRow(ctx, h.upsertLeasedSQL, id.Scope, id.MessageID, principal, canonVersion, !final, status, resp.Stored,
+		resp.SealedBy, l.OwnerToken, l.Fence).Scan(&rowID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: http store %s", dedup.ErrFenced, id)
+	}
+	if err != nil {
+		return fmt.Errorf("idemq: http store %s: %w", id, err)
+	}
+	return nil
+}
+
+// CountUnfinished returns how many unfinished records principal has that
+// were touched within window, counting at most limit (one scan of the
+// partial index): lease mode's cap check, before its claim.
+func (h *HTTPStore) CountUnfinished(ctx context.Context, principal string, window time.Duration, limit int) (int, error) {
+	var n int
+	if err := h.s.pool.QueryRow(ctx, h.unfinishedCountSQL, principal, window.Seconds(), limit).Scan(&n); err != nil {
+		return 0, fmt.Errorf("idemq: http count unfinished: %w", err)
+	}
+	return n, nil
 }

@@ -6,7 +6,8 @@
 -- name: http_lock_timeout
 -- How long the claim waits for a concurrent request's transaction that holds
 -- the same record (its insert, or its row lock), local to the transaction.
--- $1 the timeout, e.g. '250ms'. A wait that runs out fails with SQLSTATE
+-- $1 the timeout, e.g. '250ms' (a literal: the statement runs with BEGIN, in
+-- its simple-protocol round trip). A wait that runs out fails with SQLSTATE
 -- 55P03 (lock_not_available): the request is in flight elsewhere.
 select set_config('lock_timeout', $1, true);
 
@@ -45,3 +46,26 @@ set unfinished = excluded.unfinished, status = excluded.status, response = exclu
 -- name: http_record_id
 -- The id of the record of (scope $1, message ID $2).
 select id from {{.records}} where scope = $1 and message_id = $2;
+
+-- name: http_stored_by_identity
+-- The record of (scope $1, message ID $2) with its stored part (nulls when
+-- it has none yet): lease mode reads the canonicalization version before
+-- its claim, and the stored response of a duplicate.
+select r.status, h.canon_version, h.status, h.response, coalesce(h.response_key_id, '')
+from {{.records}} r left join {{.http_responses}} h on h.record_id = r.id
+where r.scope = $1 and r.message_id = $2;
+
+-- name: http_upsert_leased
+-- http_upsert for a lease-mode owner: written only while the record is
+-- PROCESSING under this owner's token $9 and fence $10 (a stale owner
+-- writes nothing and gets no row). $1 scope, $2 message ID, then as
+-- http_upsert from the principal on.
+insert into {{.http_responses}} as h
+  (record_id, principal, canon_version, unfinished, status, response, response_key_id, updated_at)
+select r.id, $3, $4, $5, $6, $7, $8, now()
+from {{.records}} r
+where r.scope = $1 and r.message_id = $2 and r.owner_token = $9 and r.fence = $10 and r.status = 'PROCESSING'
+on conflict (record_id) do update
+set unfinished = excluded.unfinished, status = excluded.status, response = excluded.response,
+    response_key_id = excluded.response_key_id, updated_at = now()
+returning record_id;
