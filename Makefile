@@ -27,15 +27,16 @@ services-down: ## stop the services
 services-status: ## show the services' state
 	bash $(SERVICES) status
 
-# DEMO=kafka, rocketmq or outbox runs one demo; the default runs all three.
+# DEMO=kafka, rocketmq, outbox or http runs one demo; the default runs all four.
 DEMO ?= all
 
 .PHONY: demo
-demo: services-up ## run the demos on real brokers: Kafka and RocketMQ redelivery (idemq vs naive), outbox pipeline (DEMO=kafka|rocketmq|outbox|all)
+demo: services-up ## run the demos on real services: Kafka and RocketMQ redelivery (idemq vs naive), outbox pipeline, HTTP payments (idemq vs naive) (DEMO=kafka|rocketmq|outbox|http|all)
 	@$(ENV); \
 	if [ "$(DEMO)" = all ] || [ "$(DEMO)" = kafka ]; then echo "== Kafka: payments =="; $(GO) run ./examples/payments demo; fi; \
 	if [ "$(DEMO)" = all ] || [ "$(DEMO)" = rocketmq ]; then echo; echo "== RocketMQ: orders =="; $(GO) run ./examples/rocketmq-orders demo; fi; \
-	if [ "$(DEMO)" = all ] || [ "$(DEMO)" = outbox ]; then echo; echo "== Outbox: order pipeline =="; $(GO) run ./examples/order-pipeline demo; fi
+	if [ "$(DEMO)" = all ] || [ "$(DEMO)" = outbox ]; then echo; echo "== Outbox: order pipeline =="; $(GO) run ./examples/order-pipeline demo; fi; \
+	if [ "$(DEMO)" = all ] || [ "$(DEMO)" = http ]; then echo; echo "== HTTP: payments (Idempotency-Key, submit token, guarded transitions) =="; $(GO) run ./examples/http-payments demo; fi
 
 .PHONY: test
 test: services-up test-unit test-integration test-postgres-oldest ## unit + integration tests with -race on real services, then again on the oldest Postgres (what CI runs)

@@ -21,7 +21,8 @@
 // scenarios that need Postgres only (S04, S10, S13, S14, and the Postgres
 // parts of S17 and S18) are package tests of dedup/pgstore, marked
 // "pgstore:" below; `go test ./dedup/pgstore/` runs them with
-// TEST_POSTGRES_DSN set:
+// TEST_POSTGRES_DSN set. The HTTP scenarios (S21, S22) are package tests of
+// httpidem, marked "httpidem:" (`go test ./httpidem/`):
 //
 //	S01 stale copy after a rebalance: no handler call, no commit below the committed offset  TestS01StaleMessageAfterRebalance
 //	S02 offset ahead of processing; commit call fails after the DB commit                     TestS02OffsetNeverAheadOfProcessing
@@ -44,6 +45,8 @@
 //	S18 a reply lost and the call retried: every Redis script; Postgres lease claim and marks  TestS18RedisClaimReplyLost, TestRedisScriptRepliesLost, pgstore: TestLeaseCallAnswersLost
 //	S19 one bad entry in a batch: a deferred constraint, a 40001 at COMMIT                   TestS19BadEntryNeverBlocksABatch
 //	S20 blank message IDs and business keys fall back to the position / none                 TestS20BlankMessageIDs, TestRocketMQS20BlankMessageIDProperty
+//	S21 same Idempotency-Key at the same time (20 copies): one execution, 409s, replay        httpidem: TestS21SameKeyAtTheSameTime, TestInFlightWaitAnswersFromTheFirstOutcome
+//	S22 same key, different request: 422/409, keys per route, canonical JSON replays          httpidem: TestS22SameKeyDifferentRequest, TestRetryComparedUnderTheStoredCanonicalVersion
 //
 // Beside them: the cost of start markers counted statement by statement
 // (TestCrashLoopMarkersCostNothingOnFirstDeliveries) and their rules on
@@ -126,6 +129,22 @@
 // BenchmarkPurgeUnderIngest measures a purge of a million records under a
 // steady ingest for each index layout (docs/operations.md, "Purge cost and
 // indexes").
+//
+// # Forms and state transitions
+//
+// One-time submit tokens on the real Redis: issued, consumed once, then
+// ErrTokenUsed; unknown in another scope or forged
+// (TestSubmitTokenIssueConsume); expired after TTL, remembered as used for
+// UsedTTL (TestSubmitTokenExpiry); 50 submits of one token at once, one
+// wins (TestSubmitTokenConcurrentConsumes); Consume's reply lost and
+// go-redis resending it, still consumed by that call
+// (TestSubmitTokenConsumeReplyLost). Guarded transitions on the real
+// Postgres: legal, illegal, stale versions, a retry reported as already
+// applied, on text and enum status columns (TestTransitionRules); 20
+// identical callbacks at once change the order once
+// (TestTransitionConcurrentCallbacks); a provider callback delivered three
+// times, through an HTTP handler and through a Kafka consumer, changes the
+// order once (TestTransitionProviderCallbackThreeTimes).
 //
 // # Postgres-only tests live in dedup/pgstore
 //

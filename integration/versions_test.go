@@ -217,7 +217,7 @@ func TestComposeDemoService(t *testing.T) {
 	if from := "FROM golang:" + string(m[1]) + " "; !strings.Contains(string(df), from) {
 		t.Errorf("%s does not build on %q (go.mod says go %s)", d.Build.Dockerfile, strings.TrimSpace(from), m[1])
 	}
-	for _, pkg := range []string{"payments", "rocketmq-orders", "order-pipeline"} {
+	for _, pkg := range []string{"payments", "rocketmq-orders", "order-pipeline", "http-payments"} {
 		if !strings.Contains(string(df), "./examples/"+pkg) {
 			t.Errorf("%s does not build ./examples/%s", d.Build.Dockerfile, pkg)
 		}

@@ -65,6 +65,9 @@ func tableNames(cfg Config) map[string]any {
 		"dead_letters_live_key":    ident(d + "_live_key"),
 		"dead_letters_created_idx": ident(d + "_created_idx"),
 		"redrives_dead_letter_key": ident(d + "_redrives_dl_key"),
+		// HTTP requests (http.go, httpsql/http.sql, migration 006).
+		"http_responses":                qualified(r + "_http"),
+		"http_responses_unfinished_idx": ident(r + "_http_unfinished_idx"),
 	}
 }
 

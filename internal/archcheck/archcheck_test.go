@@ -97,6 +97,14 @@ var importRules = []importRule{
 		from:      func(rel string) bool { return rel != "internal/faultproxy" && rel != "internal/testkit" },
 		forbidden: ofModule("internal/faultproxy", "internal/testkit"),
 	},
+	{
+		// The HTTP-side guards stand alone: a form handler or a message
+		// handler uses them without linking idemq's stores, runtime or
+		// brokers.
+		name:      "submittoken and transition import no other package of this module",
+		from:      func(rel string) bool { return under("submittoken")(rel) || under("transition")(rel) },
+		forbidden: func(dep string, _ bool) bool { return strings.HasPrefix(dep, module+"/") },
+	},
 }
 
 func listPackages(t *testing.T) map[string]pkg {
@@ -159,6 +167,7 @@ func TestImportRulesCatchViolations(t *testing.T) {
 		"dedup/pgstore":   {module + "/consumer"},
 		"dedup":           {"github.com/redis/go-redis/v9"},
 		"consumer":        {module + "/internal/faultproxy"},
+		"transition":      {module + "/dedup"},
 	}
 	for _, r := range importRules {
 		caught := false

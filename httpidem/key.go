@@ -1,0 +1,80 @@
+package httpidem
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"strings"
+)
+
+// KeyHeader is the request header carrying the idempotency key
+// (draft-ietf-httpapi-idempotency-key-header).
+const KeyHeader = "Idempotency-Key"
+
+// ReplayHeader marks a replayed response: "Idempotent-Replayed: true".
+const ReplayHeader = "Idempotent-Replayed"
+
+// BodyOmittedHeader marks a replay whose body was not stored because it
+// exceeded Config.MaxResponseBytes: "Idempotent-Replay-Body-Omitted: true".
+const BodyOmittedHeader = "Idempotent-Replay-Body-Omitted"
+
+// MaxKeyBytes is the longest accepted Idempotency-Key, in bytes.
+const MaxKeyBytes = 255
+
+// ErrInvalidKey is returned by ValidateKey.
+var ErrInvalidKey = errors.New("httpidem: the Idempotency-Key must be 1 to 255 bytes of printable ASCII (0x20-0x7E)")
+
+// ValidateKey reports whether key is a valid Idempotency-Key: 1 to
+// MaxKeyBytes bytes, each printable ASCII (0x20 to 0x7E; no control
+// characters, no bytes above 0x7E). Such a key is stored as the record's
+// message ID unchanged. Surrounding spaces are part of the key (net/http
+// already trims the header value's optional white space).
+func ValidateKey(key string) error {
+	if key == "" || len(key) > MaxKeyBytes {
+		return ErrInvalidKey
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return ErrInvalidKey
+		}
+	}
+	return nil
+}
+
+// scopePrefix starts every scope the middleware writes, so HTTP records
+// never collide with a consumer group's.
+const scopePrefix = "http|"
+
+// Scope returns the consumption-record scope of a request:
+// "http|<tenant>|<principal>|<method>|<route>", each part escaped so that
+// '|' appears only as the separator ('%' → "%25", '|' → "%7C"), which
+// makes the mapping injective: two different (tenant, principal, method,
+// route) never share a scope. A scope longer than 255 bytes (or not valid
+// UTF-8) becomes "http|sha256:<64 hex digits>" of the long form. Use it
+// to find a request's record: `idemq inspect -scope '<Scope(...)>' -id <key>`.
+func Scope(tenant, principal, method, route string) string {
+	s := scopePrefix + escapePart(tenant) + "|" + escapePart(principal) + "|" + escapePart(method) + "|" + escapePart(route)
+	if len(s) > MaxKeyBytes || !validUTF8NoNUL(s) {
+		sum := sha256.Sum256([]byte(s))
+		return scopePrefix + "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return s
+}
+
+// principalKey is the key of the MaxUnfinished cap: tenant and principal,
+// escaped as in Scope (not length-bounded: it is compared, not indexed as
+// a scope).
+func principalKey(tenant, principal string) string {
+	return escapePart(tenant) + "|" + escapePart(principal)
+}
+
+func escapePart(s string) string {
+	if !strings.ContainsAny(s, "%|") {
+		return s
+	}
+	return strings.NewReplacer("%", "%25", "|", "%7C").Replace(s)
+}
+
+func validUTF8NoNUL(s string) bool {
+	return strings.IndexByte(s, 0) < 0 && strings.ToValidUTF8(s, "\uFFFD") == s
+}
