@@ -107,8 +107,8 @@ type Config struct {
 	// record) before it is answered 409 with Retry-After (TypeInFlight).
 	// When the first finishes within the wait, the copy is answered from
 	// its outcome (a replay, or a run of its own after a retryable
-	// failure). Default 0: answer at once (Postgres waits 1 ms, its
-	// shortest lock_timeout). At most 1 minute.
+	// failure). Default 0: answer at once, without waiting. Rounded up to
+	// whole milliseconds; at most 1 minute.
 	InFlightWait time.Duration
 	// RetryAfter is the Retry-After of 409 in-flight and 429 answers,
 	// rounded up to whole seconds. Default 1s; at most 1 hour.
