@@ -128,7 +128,8 @@ type Config struct {
 	// end) and was touched within RetryWindow: a request with a new key
 	// beyond it is answered 429 with Retry-After (TypeTooManyUnfinished),
 	// so random keys cannot fill the table with retryable records. The
-	// check is one index scan of at most MaxUnfinished rows per new key;
+	// check is one index scan of at most MaxUnfinished rows, sent in the
+	// round trip of the key's lock (it costs no round trip of its own);
 	// concurrent new keys may pass it together (a soft cap). Default 100;
 	// 1 to 1,000,000.
 	MaxUnfinished int

@@ -98,7 +98,7 @@
 // record id, ON DELETE CASCADE) carries the principal and an unfinished
 // flag, and a partial index on (principal, updated_at) where unfinished
 // holds only those, so the cap is one index scan of at most MaxUnfinished
-// entries per new key, and costs nothing on replays.
+// entries, sent with the key's lock in one round trip.
 //
 // The handler's response is buffered and written to the client only after
 // COMMIT. The handler and the recording of its outcome run on a context

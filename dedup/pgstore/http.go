@@ -211,7 +211,7 @@ func (h *HTTPStore) try(ctx context.Context, req HTTPRequest, hd HTTPHandler) (H
 		return HTTPResult{}, fmt.Errorf("idemq: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	held, err := h.lockKey(ctx, tx, msg.Identity, req.LockWait > 0)
+	held, unfinished, err := h.lockKey(ctx, tx, req)
 	if err != nil {
 		return HTTPResult{}, err
 	}
@@ -224,11 +224,7 @@ func (h *HTTPStore) try(ctx context.Context, req HTTPRequest, hd HTTPHandler) (H
 	}
 	attempts := 1
 	if rec == nil {
-		var n int
-		if err := tx.QueryRow(ctx, h.unfinishedCountSQL, req.Principal, req.UnfinishedWindow.Seconds(), req.MaxUnfinished).Scan(&n); err != nil {
-			return HTTPResult{}, fmt.Errorf("idemq: http count unfinished: %w", err)
-		}
-		if n >= req.MaxUnfinished {
+		if unfinished >= req.MaxUnfinished {
 			return HTTPResult{Outcome: HTTPTooManyUnfinished}, nil // rolled back: nothing written
 		}
 	} else {
@@ -416,29 +412,46 @@ func (h *HTTPStore) read(ctx context.Context, tx pgx.Tx, rowID int64) (httpStore
 }
 
 // lockKey takes the identity's advisory lock in tx: waiting at most the
-// transaction's lock_timeout when wait is set (then resetting it, in the
-// same round trip), else without waiting. It reports false when another
-// transaction holds it.
-func (h *HTTPStore) lockKey(ctx context.Context, tx pgx.Tx, id dedup.Identity, wait bool) (bool, error) {
+// transaction's lock_timeout when req.LockWait is set (then resetting it),
+// else without waiting. It reports false when another transaction holds
+// it. In the same round trip it counts the principal's unfinished records
+// (at most MaxUnfinished: one scan of the partial index, used when the
+// claim finds the key new), so that a new key pays no round trip for the
+// cap.
+func (h *HTTPStore) lockKey(ctx context.Context, tx pgx.Tx, req HTTPRequest) (held bool, unfinished int, err error) {
+	id := req.Message.Identity
 	key := httpKeyLock(id)
-	if !wait {
-		var got bool
-		if err := tx.QueryRow(ctx, h.keyTryLockSQL, key).Scan(&got); err != nil {
-			return false, fmt.Errorf("idemq: http key lock %s: %w", id, err)
-		}
-		return got, nil
-	}
 	b := &pgx.Batch{}
-	b.Queue(h.keyLockSQL, key)
-	b.Queue(h.lockTimeoutResetSQL)
-	err := tx.SendBatch(ctx, b).Close()
+	if req.LockWait > 0 {
+		b.Queue(h.keyLockSQL, key)
+		b.Queue(h.lockTimeoutResetSQL)
+	} else {
+		b.Queue(h.keyTryLockSQL, key)
+	}
+	b.Queue(h.unfinishedCountSQL, req.Principal, req.UnfinishedWindow.Seconds(), req.MaxUnfinished)
+	br := tx.SendBatch(ctx, b)
+	if req.LockWait > 0 {
+		_, err = br.Exec()
+		held = err == nil
+		if err == nil {
+			_, err = br.Exec()
+		}
+	} else {
+		err = br.QueryRow().Scan(&held)
+	}
+	if err == nil && held {
+		err = br.QueryRow().Scan(&unfinished)
+	}
+	if cerr := br.Close(); err == nil && held {
+		err = cerr
+	}
 	if isLockTimeout(err) {
-		return false, nil
+		return false, 0, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("idemq: http key lock %s: %w", id, err)
+		return false, 0, fmt.Errorf("idemq: http key lock %s: %w", id, err)
 	}
-	return true, nil
+	return held, unfinished, nil
 }
 
 // httpKeyLock is the advisory lock key of an identity: the first 8 bytes

@@ -31,7 +31,9 @@ set local lock_timeout to default;
 
 -- name: http_unfinished_count
 -- How many unfinished records (retryable, touched within the retry window)
--- principal $1 has, counting at most $3: one scan of the partial index.
+-- principal $1 has, counting at most $3: one scan of the partial index,
+-- sent with the key's lock (its answer is used when the claim finds the key
+-- new).
 -- $2 the retry window in seconds.
 select count(*) from (
   select 1 from {{.http_responses}}
