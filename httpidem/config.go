@@ -110,6 +110,14 @@ type Config struct {
 	// failure). Default 0: answer at once, without waiting. Rounded up to
 	// whole milliseconds; at most 1 minute.
 	InFlightWait time.Duration
+	// AsyncStatus, when set, makes the routes asynchronous for copies: a
+	// request whose key is in flight is answered 202 Accepted with
+	// Location: the URL it returns (the operation's status resource, which
+	// the service serves, e.g. "/operations/" + info.DownstreamKey()),
+	// Retry-After and an empty body, instead of 409. An empty URL falls
+	// back to 409. The first request is answered as usual, and so is every
+	// retry once it finished (a replay). Default nil: 409.
+	AsyncStatus func(r *http.Request, info Info) string
 	// RetryAfter is the Retry-After of 409 in-flight and 429 answers,
 	// rounded up to whole seconds. Default 1s; at most 1 hour.
 	RetryAfter time.Duration

@@ -72,7 +72,8 @@
 //     records touched within Config.RetryWindow: 429 TypeTooManyUnfinished
 //     with Retry-After; nothing is written.
 //
-// Async routes (202 with a status URL) are not built yet.
+// Asynchronous routes (Config.AsyncStatus) answer copies of a running
+// request 202 Accepted with a status URL and Retry-After instead of 409.
 //
 // # Atomicity and the claim design
 //

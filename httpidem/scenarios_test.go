@@ -247,3 +247,34 @@ func (e *env) waitRecord(user, route, key, want string) {
 }
 
 func quoted(schema, table string) string { return `"` + schema + `"."` + table + `"` }
+
+// Asynchronous routes answer a copy of a running request 202 with the
+// status URL instead of 409; replays are unchanged.
+func TestAsyncStatusAnswersCopiesWith202(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.AsyncStatus = func(_ *http.Request, info Info) string { return "/operations/" + info.DownstreamKey() }
+	})
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	e.before = func(*http.Request, int) int {
+		started <- struct{}{}
+		<-release
+		return 0
+	}
+	first := make(chan resp, 1)
+	go func() { first <- e.post("/payments", "alice", "KA", `{"amount":"1"}`) }()
+	<-started
+	c := e.post("/payments", "alice", "KA", `{"amount":"1"}`)
+	want := "/operations/" + Info{Scope: Scope(e.tenant, "alice", http.MethodPost, "POST /payments"), Key: "KA"}.DownstreamKey()
+	if c.status != http.StatusAccepted || c.header.Get("Location") != want || c.header.Get("Retry-After") == "" || len(c.body) != 0 {
+		t.Fatalf("copy: %d Location %q Retry-After %q %s", c.status, c.header.Get("Location"), c.header.Get("Retry-After"), c.body)
+	}
+	close(release)
+	if a := <-first; a.status != http.StatusCreated {
+		t.Fatalf("first: %d %s", a.status, a.body)
+	}
+	if r := e.post("/payments", "alice", "KA", `{"amount":"1"}`); r.status != http.StatusCreated || !r.replayed() {
+		t.Fatalf("replay: %d %s", r.status, r.body)
+	}
+	mustEqual(t, "handler calls", e.calls.Load(), 1)
+}
