@@ -107,9 +107,17 @@ type Config struct {
 	// record) before it is answered 409 with Retry-After (TypeInFlight).
 	// When the first finishes within the wait, the copy is answered from
 	// its outcome (a replay, or a run of its own after a retryable
-	// failure). Default 0: answer at once (Postgres waits 1 ms, its
-	// shortest lock_timeout). At most 1 minute.
+	// failure). Default 0: answer at once, without waiting. Rounded up to
+	// whole milliseconds; at most 1 minute.
 	InFlightWait time.Duration
+	// AsyncStatus, when set, makes the routes asynchronous for copies: a
+	// request whose key is in flight is answered 202 Accepted with
+	// Location: the URL it returns (the operation's status resource, which
+	// the service serves, e.g. "/operations/" + info.DownstreamKey()),
+	// Retry-After and an empty body, instead of 409. An empty URL falls
+	// back to 409. The first request is answered as usual, and so is every
+	// retry once it finished (a replay). Default nil: 409.
+	AsyncStatus func(r *http.Request, info Info) string
 	// RetryAfter is the Retry-After of 409 in-flight and 429 answers,
 	// rounded up to whole seconds. Default 1s; at most 1 hour.
 	RetryAfter time.Duration
@@ -128,7 +136,8 @@ type Config struct {
 	// end) and was touched within RetryWindow: a request with a new key
 	// beyond it is answered 429 with Retry-After (TypeTooManyUnfinished),
 	// so random keys cannot fill the table with retryable records. The
-	// check is one index scan of at most MaxUnfinished rows per new key;
+	// check is one index scan of at most MaxUnfinished rows, sent in the
+	// round trip of the key's lock (it costs no round trip of its own);
 	// concurrent new keys may pass it together (a soft cap). Default 100;
 	// 1 to 1,000,000.
 	MaxUnfinished int

@@ -72,21 +72,25 @@
 //     records touched within Config.RetryWindow: 429 TypeTooManyUnfinished
 //     with Retry-After; nothing is written.
 //
-// Async routes (202 with a status URL) are not built yet.
+// Asynchronous routes (Config.AsyncStatus) answer copies of a running
+// request 202 Accepted with a status URL and Retry-After instead of 409.
 //
 // # Atomicity and the claim design
 //
-// Atomic mode, one transaction per request: the claim inserts the record
-// (INSERT … ON CONFLICT DO NOTHING, or locks an existing retryable one FOR
-// UPDATE) under a transaction-local lock_timeout of Config.InFlightWait
-// (1 ms at least), the handler runs in the same transaction (FromContext),
-// and the record, the handler's business rows, its outbox rows and the
-// stored response commit together. A concurrent copy's claim waits for the
-// first transaction's insert or row lock; when the timeout runs out
-// (SQLSTATE 55P03) it is answered 409 with Retry-After instead of blocking
-// a connection for the handler's whole duration. A crashed process's
-// transaction is rolled back by Postgres, so no lease is needed and nothing
-// is left in flight: the row lock is the lease.
+// Atomic mode, one transaction per request: it first takes a
+// transaction-level advisory lock on the identity (64 bits of SHA-256 over
+// scope and key): at once (pg_try_advisory_xact_lock) when
+// Config.InFlightWait is 0, else waiting at most that long
+// (pg_advisory_xact_lock under a transaction-local lock_timeout, the only
+// statement that runs under it, so no unrelated lock wait passes for a
+// request in flight). A copy that does not get it is answered 409 with
+// Retry-After instead of blocking a connection for the first request's
+// whole duration. Then the claim inserts the record (INSERT … ON CONFLICT
+// DO NOTHING, or locks an existing retryable one FOR UPDATE), the handler
+// runs in the same transaction (FromContext), and the record, the
+// handler's business rows, its outbox rows and the stored response commit
+// together. A crashed process's transaction is rolled back by Postgres,
+// its locks with it, so no lease is needed and nothing is left in flight.
 //
 // Unfinished keys must be countable for the cap: in-flight records are
 // uncommitted (invisible), and bounded by the pool and the server's
@@ -95,7 +99,7 @@
 // record id, ON DELETE CASCADE) carries the principal and an unfinished
 // flag, and a partial index on (principal, updated_at) where unfinished
 // holds only those, so the cap is one index scan of at most MaxUnfinished
-// entries per new key, and costs nothing on replays.
+// entries, sent with the key's lock in one round trip.
 //
 // The handler's response is buffered and written to the client only after
 // COMMIT. The handler and the recording of its outcome run on a context

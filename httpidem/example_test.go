@@ -209,3 +209,18 @@ func ExampleExtractor() {
 	// Output:
 	// 401 {"type":"about:blank","title":"Unauthorized","status":401}
 }
+
+// Asynchronous routes: copies of a request that is still running get 202
+// Accepted with a status URL the service serves, instead of 409.
+func ExampleConfig_asyncStatus() {
+	store, fp := newStore()
+	mw, _ := httpidem.New(httpidem.Config{
+		Store: store, Fingerprinter: fp, Principal: httpidem.Header("X-User"),
+		AsyncStatus: func(_ *http.Request, info httpidem.Info) string {
+			return "/operations/" + info.DownstreamKey() // GET /operations/{id} reports the progress
+		},
+	})
+	fmt.Println(mw.Config().AsyncStatus(nil, httpidem.Info{Scope: "http|acme|alice|POST|POST /exports", Key: "K1"}))
+	// Output:
+	// /operations/idemq-385b2043536c1f6796f9d13d056dc3ea
+}

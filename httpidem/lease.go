@@ -93,16 +93,16 @@ func (m *Middleware) processLeased(ctx context.Context, w http.ResponseWriter, r
 		case st.Status == dedup.StatusFailedFinal:
 			return m.exhausted(w, res.Attempts)
 		case st.Response.Status == 0:
-			return m.inFlight(w) // re-driven or purged meanwhile: ask for a retry
+			return m.inFlight(w, r, c.info) // re-driven or purged meanwhile: ask for a retry
 		}
 		return m.replay(w, st.Response, c.record, id.Scope, id.MessageID)
 	case dedup.OutcomeConflict:
 		return m.conflict(w)
 	case dedup.OutcomeFenced:
-		return m.inFlight(w) // another owner took over: its outcome decides
+		return m.inFlight(w, r, c.info) // another owner took over: its outcome decides
 	case dedup.OutcomeRetry:
 		if errors.Is(res.Err, dedup.ErrLeaseHeld) {
-			return m.inFlight(w)
+			return m.inFlight(w, r, c.info)
 		}
 	case dedup.OutcomeDeadLetter:
 		if !res.HandlerCalled {
@@ -116,7 +116,7 @@ func (m *Middleware) processLeased(ctx context.Context, w http.ResponseWriter, r
 		return m.failed(w, nil, res)
 	}
 	if errors.Is(res.Err, dedup.ErrFenced) {
-		return m.inFlight(w)
+		return m.inFlight(w, r, c.info)
 	}
 	return m.failed(w, last, res)
 }

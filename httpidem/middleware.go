@@ -198,7 +198,7 @@ func (m *Middleware) process(w http.ResponseWriter, r *http.Request, next http.H
 	case pgstore.HTTPConflict:
 		return m.conflict(w)
 	case pgstore.HTTPInFlight:
-		return m.inFlight(w)
+		return m.inFlight(w, r, info)
 	case pgstore.HTTPTooManyUnfinished:
 		return m.tooManyUnfinished(w)
 	case pgstore.HTTPExhausted:
@@ -226,7 +226,20 @@ func (m *Middleware) conflict(w http.ResponseWriter) (int, Outcome) {
 		Detail: "this key was used with a different request (body, content type, API version, route or principal); send a new key for a new request"})
 }
 
-func (m *Middleware) inFlight(w http.ResponseWriter) (int, Outcome) {
+// inFlight answers a copy whose key is in flight: 409 with Retry-After, or
+// 202 with the status URL of Config.AsyncStatus.
+func (m *Middleware) inFlight(w http.ResponseWriter, r *http.Request, info Info) (int, Outcome) {
+	if m.cfg.AsyncStatus != nil {
+		if u := m.cfg.AsyncStatus(r, info); u != "" {
+			h := w.Header()
+			h.Set("Location", u)
+			h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(m.cfg.RetryAfter), 10))
+			h.Set("Cache-Control", "no-store")
+			h.Set("Content-Length", "0")
+			w.WriteHeader(http.StatusAccepted)
+			return http.StatusAccepted, OutcomeInFlight
+		}
+	}
 	return m.problem(w, OutcomeInFlight, &Problem{Type: TypeInFlight, Title: "A request with this Idempotency-Key is in progress", Status: http.StatusConflict,
 		Detail: "retry after the first request finishes", RetryAfter: m.cfg.RetryAfter})
 }

@@ -2,6 +2,8 @@ package httpidem
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"net/http"
 	"strconv"
 	"sync"
@@ -103,7 +105,7 @@ func TestInFlightWaitAnswersFromTheFirstOutcome(t *testing.T) {
 	<-started
 	second := make(chan resp, 1)
 	go func() { second <- e.post("/payments", "alice", "K1", body) }()
-	// The second request waits on the first's record (a lock wait in
+	// The second request waits on the first's key lock (a lock wait in
 	// Postgres) until the first commits.
 	e.waitForLockWaiter()
 	close(release)
@@ -114,18 +116,21 @@ func TestInFlightWaitAnswersFromTheFirstOutcome(t *testing.T) {
 	mustEqual(t, "handler calls", e.calls.Load(), 1)
 }
 
-// waitForLockWaiter waits until a backend of this database waits on a lock
-// (the second request's claim).
+// waitForLockWaiter waits until a transaction waits on the advisory lock
+// of alice's K1 on POST /payments (the second request).
 func (e *env) waitForLockWaiter() {
 	e.t.Helper()
+	sum := sha256.Sum256([]byte(Scope(e.tenant, "alice", http.MethodPost, "POST /payments") + "\x00K1"))
+	key := int64(binary.BigEndian.Uint64(sum[:8])) //nolint:gosec // the store's key: a hash, wrapping intended
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
-		if e.count(`select count(*) from pg_stat_activity where wait_event_type = 'Lock' and query like '%consumption_records%' and datname = current_database()`) > 0 {
+		if e.count(`select count(*) from pg_locks where locktype = 'advisory' and not granted and objsubid = 1
+  and ((classid::bigint << 32) | objid::bigint) = $1`, key) > 0 {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	e.t.Fatal("no request waited on the record's lock")
+	e.t.Fatal("no request waited on the key's lock")
 }
 
 // S22: the same key with a different request is refused (422, or 409 when
@@ -242,3 +247,34 @@ func (e *env) waitRecord(user, route, key, want string) {
 }
 
 func quoted(schema, table string) string { return `"` + schema + `"."` + table + `"` }
+
+// Asynchronous routes answer a copy of a running request 202 with the
+// status URL instead of 409; replays are unchanged.
+func TestAsyncStatusAnswersCopiesWith202(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.AsyncStatus = func(_ *http.Request, info Info) string { return "/operations/" + info.DownstreamKey() }
+	})
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	e.before = func(*http.Request, int) int {
+		started <- struct{}{}
+		<-release
+		return 0
+	}
+	first := make(chan resp, 1)
+	go func() { first <- e.post("/payments", "alice", "KA", `{"amount":"1"}`) }()
+	<-started
+	c := e.post("/payments", "alice", "KA", `{"amount":"1"}`)
+	want := "/operations/" + Info{Scope: Scope(e.tenant, "alice", http.MethodPost, "POST /payments"), Key: "KA"}.DownstreamKey()
+	if c.status != http.StatusAccepted || c.header.Get("Location") != want || c.header.Get("Retry-After") == "" || len(c.body) != 0 {
+		t.Fatalf("copy: %d Location %q Retry-After %q %s", c.status, c.header.Get("Location"), c.header.Get("Retry-After"), c.body)
+	}
+	close(release)
+	if a := <-first; a.status != http.StatusCreated {
+		t.Fatalf("first: %d %s", a.status, a.body)
+	}
+	if r := e.post("/payments", "alice", "KA", `{"amount":"1"}`); r.status != http.StatusCreated || !r.replayed() {
+		t.Fatalf("replay: %d %s", r.status, r.body)
+	}
+	mustEqual(t, "handler calls", e.calls.Load(), 1)
+}

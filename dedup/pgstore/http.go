@@ -2,7 +2,9 @@ package pgstore
 
 import (
 	"context"
+	"crypto/sha256"
 	"embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -31,7 +33,7 @@ var httpStatements = namedsql.MustParseFS(httpSQLFS, "httpsql/*.sql")
 type HTTPStore struct {
 	s *Store
 
-	lockTimeoutSQL, lockTimeoutResetSQL, unfinishedCountSQL, readSQL, upsertSQL, recordIDSQL, storedByIdentitySQL,
+	lockTimeoutSQL, lockTimeoutResetSQL, keyLockSQL, keyTryLockSQL, unfinishedCountSQL, readSQL, upsertSQL, recordIDSQL, storedByIdentitySQL,
 	upsertLeasedSQL string
 }
 
@@ -45,6 +47,8 @@ func NewHTTPStore(s *Store) (*HTTPStore, error) {
 	err := httpStatements.Bind(s.q.tables, map[string]*string{
 		"http_lock_timeout":       &h.lockTimeoutSQL,
 		"http_lock_timeout_reset": &h.lockTimeoutResetSQL,
+		"http_key_lock":           &h.keyLockSQL,
+		"http_key_try_lock":       &h.keyTryLockSQL,
 		"http_unfinished_count":   &h.unfinishedCountSQL,
 		"http_read":               &h.readSQL,
 		"http_upsert":             &h.upsertSQL,
@@ -79,9 +83,10 @@ type HTTPRequest struct {
 	// keyID when its body is canonicalized with version canonVersion (the
 	// ones stored with an existing record). An error is a conflict.
 	Matches func(canonVersion int, sum []byte, keyID string) (bool, error)
-	// LockWait is how long the claim waits for a concurrent transaction
-	// holding the same record (at least 1 ms: Postgres's lock_timeout 0
-	// would wait forever).
+	// LockWait is how long the request waits for a concurrent request with
+	// the same identity (its transaction holds the key's advisory lock)
+	// before it is answered HTTPInFlight. 0: not at all. Rounded up to
+	// whole milliseconds (Postgres's lock_timeout).
 	LockWait time.Duration
 	// MaxUnfinished is the cap on unfinished records of Principal
 	// touched within UnfinishedWindow; a new key beyond it is refused
@@ -119,8 +124,8 @@ const (
 	// HTTPConflict: the record holds another fingerprint; a dead letter
 	// (payload_conflict) keeps the request; nothing else changed.
 	HTTPConflict HTTPOutcome = "conflict"
-	// HTTPInFlight: another transaction holds the record (LockWait ran
-	// out), or a lease-mode owner does.
+	// HTTPInFlight: another transaction holds the key (LockWait ran
+	// out), or a lease-mode owner holds the record.
 	HTTPInFlight HTTPOutcome = "in_flight"
 	// HTTPTooManyUnfinished: a new key beyond MaxUnfinished; nothing
 	// written.
@@ -146,8 +151,8 @@ type HTTPResult struct {
 }
 
 // Process runs one HTTP request in atomic mode: in one transaction it
-// claims the record (waiting at most LockWait for a concurrent request's
-// transaction on it), decides (new; replay; conflict, compared under the
+// takes the identity's advisory lock (waiting at most LockWait for a
+// concurrent request with the same key), claims the record, decides (new; replay; conflict, compared under the
 // record's stored canonicalization version; retry of a retryable
 // failure), runs hd in the same transaction, and commits the record, the
 // handler's writes and the stored response together. A handler failure
@@ -191,42 +196,35 @@ func (e errHTTPRefused) Unwrap() error { return e.err }
 // try is one transaction of Process.
 func (h *HTTPStore) try(ctx context.Context, req HTTPRequest, hd HTTPHandler) (HTTPResult, error) {
 	s, msg := h.s, req.Message
-	// The lock timeout is set with BEGIN, in its round trip (a simple-
-	// protocol query of two statements; the store's TxOptions were
-	// validated by New: an isolation level, read write, no custom queries).
-	wait := max(req.LockWait, time.Millisecond)
-	opts := pgx.TxOptions{BeginQuery: "begin isolation level " + string(s.cfg.TxOptions.IsoLevel) + " read write; " +
-		strings.Replace(h.lockTimeoutSQL, "$1", "'"+strconv.FormatInt(wait.Milliseconds(), 10)+"ms'", 1)}
+	// One request per identity at a time: a transaction-level advisory
+	// lock, taken before the claim, waited for at most LockWait (its
+	// lock_timeout is set with BEGIN, in its round trip: a simple-protocol
+	// query of two statements; the store's TxOptions were validated by
+	// New: an isolation level, read write, no custom queries).
+	opts := pgx.TxOptions{BeginQuery: "begin isolation level " + string(s.cfg.TxOptions.IsoLevel) + " read write"}
+	if req.LockWait > 0 {
+		ms := (req.LockWait + time.Millisecond - 1) / time.Millisecond
+		opts.BeginQuery += "; " + strings.Replace(h.lockTimeoutSQL, "$1", "'"+strconv.FormatInt(int64(ms), 10)+"ms'", 1)
+	}
 	tx, err := s.pool.BeginTx(ctx, opts)
 	if err != nil {
 		return HTTPResult{}, fmt.Errorf("idemq: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rowID, rec, err := s.claim(ctx, tx, claimRun{msg: msg, sum: req.Sum, keyID: req.KeyID, mode: claimProcessing})
-	if isLockTimeout(err) {
+	held, unfinished, err := h.lockKey(ctx, tx, req)
+	if err != nil {
+		return HTTPResult{}, err
+	}
+	if !held {
 		return HTTPResult{Outcome: HTTPInFlight, Result: dedup.Result{Outcome: dedup.OutcomeRetry, Err: dedup.ErrLeaseHeld}}, nil
 	}
+	rowID, rec, err := s.claim(ctx, tx, claimRun{msg: msg, sum: req.Sum, keyID: req.KeyID, mode: claimProcessing})
 	if err != nil {
 		return HTTPResult{}, err
 	}
 	attempts := 1
 	if rec == nil {
-		var n int
-		b := &pgx.Batch{}
-		b.Queue(h.lockTimeoutResetSQL)
-		b.Queue(h.unfinishedCountSQL, req.Principal, req.UnfinishedWindow.Seconds(), req.MaxUnfinished)
-		br := tx.SendBatch(ctx, b)
-		_, err = br.Exec()
-		if err == nil {
-			err = br.QueryRow().Scan(&n)
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return HTTPResult{}, fmt.Errorf("idemq: http count unfinished: %w", err)
-		}
-		if n >= req.MaxUnfinished {
+		if unfinished >= req.MaxUnfinished {
 			return HTTPResult{Outcome: HTTPTooManyUnfinished}, nil // rolled back: nothing written
 		}
 	} else {
@@ -395,35 +393,77 @@ type httpStored struct {
 	keyID    string
 }
 
-// read resets the lock timeout (the handler may run next) and reads the
-// stored part of record rowID, in one round trip.
+// read reads the stored part of record rowID.
 func (h *HTTPStore) read(ctx context.Context, tx pgx.Tx, rowID int64) (httpStored, error) {
-	b := &pgx.Batch{}
-	b.Queue(h.lockTimeoutResetSQL)
-	b.Queue(h.readSQL, rowID)
-	br := tx.SendBatch(ctx, b)
 	var st httpStored
-	_, err := br.Exec()
-	if err == nil {
-		var status *int32
-		err = br.QueryRow().Scan(&st.version, &status, &st.response, &st.keyID)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			err = nil
-		case err == nil:
-			st.found = true
-			if status != nil {
-				st.status = int(*status)
-			}
-		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	var status *int32
+	err := tx.QueryRow(ctx, h.readSQL, rowID).Scan(&st.version, &status, &st.response, &st.keyID)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return st, nil
+	case err != nil:
 		return httpStored{}, fmt.Errorf("idemq: http read: %w", err)
 	}
+	st.found = true
+	if status != nil {
+		st.status = int(*status)
+	}
 	return st, nil
+}
+
+// lockKey takes the identity's advisory lock in tx: waiting at most the
+// transaction's lock_timeout when req.LockWait is set (then resetting it),
+// else without waiting. It reports false when another transaction holds
+// it. In the same round trip it counts the principal's unfinished records
+// (at most MaxUnfinished: one scan of the partial index, used when the
+// claim finds the key new), so that a new key pays no round trip for the
+// cap.
+func (h *HTTPStore) lockKey(ctx context.Context, tx pgx.Tx, req HTTPRequest) (held bool, unfinished int, err error) {
+	id := req.Message.Identity
+	key := httpKeyLock(id)
+	b := &pgx.Batch{}
+	if req.LockWait > 0 {
+		b.Queue(h.keyLockSQL, key)
+		b.Queue(h.lockTimeoutResetSQL)
+	} else {
+		b.Queue(h.keyTryLockSQL, key)
+	}
+	b.Queue(h.unfinishedCountSQL, req.Principal, req.UnfinishedWindow.Seconds(), req.MaxUnfinished)
+	br := tx.SendBatch(ctx, b)
+	if req.LockWait > 0 {
+		_, err = br.Exec()
+		held = err == nil
+		if err == nil {
+			_, err = br.Exec()
+		}
+	} else {
+		err = br.QueryRow().Scan(&held)
+	}
+	if err == nil && held {
+		err = br.QueryRow().Scan(&unfinished)
+	}
+	if cerr := br.Close(); err == nil && held {
+		err = cerr
+	}
+	if isLockTimeout(err) {
+		return false, 0, nil
+	}
+	if err != nil {
+		return false, 0, fmt.Errorf("idemq: http key lock %s: %w", id, err)
+	}
+	return held, unfinished, nil
+}
+
+// httpKeyLock is the advisory lock key of an identity: the first 8 bytes
+// of SHA-256 over scope, NUL, message ID. Two identities share one with
+// probability 2^-64; they would then take turns, which costs a 409 and
+// a retry, never a wrong answer.
+func httpKeyLock(id dedup.Identity) int64 {
+	h := sha256.New()
+	h.Write([]byte(id.Scope))
+	h.Write([]byte{0})
+	h.Write([]byte(id.MessageID))
+	return int64(binary.BigEndian.Uint64(h.Sum(nil)[:8])) //nolint:gosec // a hash: wrapping is intended
 }
 
 // isLockTimeout reports whether err is Postgres's lock_not_available

@@ -4,20 +4,36 @@
 -- quoted, schema-qualified tables.
 
 -- name: http_lock_timeout
--- How long the claim waits for a concurrent request's transaction that holds
--- the same record (its insert, or its row lock), local to the transaction.
--- $1 the timeout, e.g. '250ms' (a literal: the statement runs with BEGIN, in
--- its simple-protocol round trip). A wait that runs out fails with SQLSTATE
--- 55P03 (lock_not_available): the request is in flight elsewhere.
+-- How long the key lock (http_key_lock) waits for a concurrent request with
+-- the same key, local to the transaction. $1 the timeout, e.g. '250ms' (a
+-- literal: the statement runs with BEGIN, in its simple-protocol round
+-- trip). A wait that runs out fails with SQLSTATE 55P03
+-- (lock_not_available): the request is in flight elsewhere.
 select set_config('lock_timeout', $1, true);
 
+-- name: http_key_lock
+-- One request per key at a time: a transaction-level advisory lock on $1,
+-- 64 bits of SHA-256 over the record's scope and message ID, taken before
+-- the claim and held until COMMIT or ROLLBACK. Waits at most the
+-- transaction's lock_timeout (http_lock_timeout); it is the only statement
+-- that runs under it, so an unrelated lock wait (a relation extension
+-- under load) never passes for a request in flight.
+select pg_advisory_xact_lock($1);
+
+-- name: http_key_try_lock
+-- http_key_lock without waiting (Config.InFlightWait 0): false when another
+-- transaction holds the key.
+select pg_try_advisory_xact_lock($1);
+
 -- name: http_lock_timeout_reset
--- The handler runs with the session's own lock_timeout.
+-- The claim and the handler run with the session's own lock_timeout.
 set local lock_timeout to default;
 
 -- name: http_unfinished_count
 -- How many unfinished records (retryable, touched within the retry window)
--- principal $1 has, counting at most $3: one scan of the partial index.
+-- principal $1 has, counting at most $3: one scan of the partial index,
+-- sent with the key's lock (its answer is used when the claim finds the key
+-- new).
 -- $2 the retry window in seconds.
 select count(*) from (
   select 1 from {{.http_responses}}
