@@ -142,6 +142,16 @@
 // naming both. After retention a key is new again: keep a business unique
 // index (e.g. on the payment's reference) as the last line of defence.
 //
+// # Clients that retry by themselves
+//
+// Go's own http.Transport treats a request carrying an Idempotency-Key
+// header as idempotent: when the connection closes before any answer, it
+// sends the request again once, on a new connection, without telling the
+// caller. Behind this middleware that resend is answered like any other
+// copy (a replay, or 409 while the first still runs); a server without it
+// may apply such a request twice. Gateways and SDKs that retry on timeouts
+// behave the same way, which is why the key, not the client, decides.
+//
 // # Routers
 //
 // The route pattern comes from net/http's ServeMux (Request.Pattern, Go
