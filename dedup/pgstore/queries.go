@@ -31,6 +31,8 @@ type queries struct {
 	claimInsertSQL, recordClaimSQL, recordLockSQL, recordLockOpenSQL, handlerSavepointSQL, handlerRollbackSQL, handlerReleaseSQL, recordReclaimSQL,
 	recordSetFingerprintSQL, recordMarkSucceededSQL, recordMarkFailedSQL, deadLetterInsertSQL,
 	deadLetterLiveIDSQL string
+	// commit.sql
+	recordMarkSucceededAtCommitSQL string
 	// lease.sql
 	leaseClaimSQL, leaseLockSQL, leaseTakeSQL, leaseBeatSQL, leaseDoneSQL, leaseReleaseSQL, leaseFailSQL,
 	leaseOwnClaimSQL, leaseOwnExhaustSQL string
@@ -84,6 +86,8 @@ func newQueries(cfg Config) (queries, error) {
 		"record_mark_failed":     &q.recordMarkFailedSQL,
 		"dead_letter_insert":     &q.deadLetterInsertSQL,
 		"dead_letter_live_id":    &q.deadLetterLiveIDSQL,
+
+		"record_mark_succeeded_at_commit": &q.recordMarkSucceededAtCommitSQL,
 
 		"lease_claim":       &q.leaseClaimSQL,
 		"lease_lock":        &q.leaseLockSQL,
@@ -242,24 +246,32 @@ func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, r newRecord, relea
 	return 0, nil, nil
 }
 
-// resetSavepoint releases the handler's savepoint and sets it again, in one
-// round trip: a reclaim's update stays behind the new one, and savepoints
-// never nest.
-func (q *queries) resetSavepoint(ctx context.Context, tx pgx.Tx) error {
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
+// reclaimReset is reclaim plus the handler's savepoint released and set
+// again, in one round trip: the reclaim's update stays behind the new
+// savepoint (the handler's rollback keeps it), and savepoints never nest.
+func (q *queries) reclaimReset(ctx context.Context, tx pgx.Tx, rowID int64, msg *dedup.Message) (int, error) {
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 3)}
+	b.Queue(q.recordReclaimSQL, rowID, clip(msg.Source, 1024), msg.ReconsumeTimes)
 	b.Queue(q.handlerReleaseSQL)
 	b.Queue(q.handlerSavepointSQL)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("idemq: savepoint: %w", err)
+	br := tx.SendBatch(ctx, b)
+	var attempts int
+	err := br.QueryRow().Scan(&attempts)
+	if cerr := br.Close(); err == nil {
+		err = cerr
 	}
-	return nil
+	if err != nil {
+		return 0, fmt.Errorf("idemq: reclaim %s: %w", msg.Identity, err)
+	}
+	return attempts, nil
 }
 
 // claimRecord is record_claim alone: the new row's id, or 0 and the record
 // that holds either unique key, read without a lock (nil when the insert
-// met a concurrent claim's record: lock it to see it).
+// met a concurrent claim's record: lock it to see it). It is sent as a
+// batch, so that a lazyTx's BEGIN travels with it.
 func (q *queries) claimRecord(ctx context.Context, tx pgx.Tx, r newRecord) (int64, *record, error) {
-	rowID, found, err := scanClaim(tx.QueryRow(ctx, q.recordClaimSQL, r.args()...))
+	rowID, found, err := scanClaim(batchRow(ctx, tx, q.recordClaimSQL, r.args()...))
 	if err != nil {
 		return 0, nil, fmt.Errorf("idemq: claim %s: %w", r.msg.Identity, err)
 	}
