@@ -189,7 +189,7 @@ func (s *Store) markStart(ctx context.Context, msg *dedup.Message, sum []byte, k
 	}
 	set := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
 	set.Queue(s.q.startMarkSetSQL, rec.id, attempts, errText, errClass)
-	if _, err := tx.commitWith(ctx, set); err != nil {
+	if _, err := tx.commitWith(ctx, set, nil); err != nil {
 		return dedup.StartMark{}, false, fmt.Errorf("idemq: start marker %s: %w", id, err)
 	}
 	return dedup.StartMark{Run: true, Token: startRef{rowID: rec.id, mark: attempts}}, false, nil

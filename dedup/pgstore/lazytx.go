@@ -104,15 +104,18 @@ type lazyBatchResults struct{ pgx.BatchResults }
 func (lazyBatchResults) Tx() pgx.Tx { return nil }
 
 // commitWith sends b's queries and COMMIT in one batch (one round trip):
-// the store's last marks travel with the COMMIT. ended reports whether the
-// transaction is over (committed, or rolled back by the server, or its
-// connection gone): t is then done and its connection given back. A query of
-// b that fails makes the server skip the rest, COMMIT included: err is that
-// query's error and, when the connection is alive, the transaction is still
-// open (aborted; ended false), so that the caller may roll back to a
-// savepoint and go on, or roll back. A COMMIT that answers ROLLBACK returns
-// an error wrapping pgx.ErrTxCommitRollback, as pgx.Tx.Commit does.
-func (t *lazyTx) commitWith(ctx context.Context, b *pgx.Batch) (ended bool, err error) {
+// the store's last marks travel with the COMMIT. scan reads the results of
+// b's queries, in order (nil: each is read as an Exec); it must read them
+// all, and return the first error. ended reports whether the transaction is
+// over (committed, or rolled back by the server, or its connection gone): t
+// is then done and its connection given back. A query of b that fails with
+// a server error makes the server skip the rest, COMMIT included: err is
+// that query's error and the transaction is still open (aborted; ended
+// false), so that the caller may roll back to a savepoint and go on, or roll
+// back. Any error that is not the server's (the connection lost) leaves the
+// COMMIT's outcome unknown, whichever result was being read. A COMMIT that
+// answers ROLLBACK returns pgx.ErrTxCommitRollback, as pgx.Tx.Commit does.
+func (t *lazyTx) commitWith(ctx context.Context, b *pgx.Batch, scan func(pgx.BatchResults) error) (ended bool, err error) {
 	if t.done {
 		return true, pgx.ErrTxClosed
 	}
@@ -120,11 +123,14 @@ func (t *lazyTx) commitWith(ctx context.Context, b *pgx.Batch) (ended bool, err 
 	b.Queue("commit")
 	br := t.SendBatch(ctx, b)
 	if t.done { // BEGIN failed
-		err = br.Close()
-		return true, err
+		return true, br.Close()
 	}
-	for i := 0; i < n && err == nil; i++ {
-		_, err = br.Exec()
+	if scan != nil {
+		err = scan(br)
+	} else {
+		for i := 0; i < n && err == nil; i++ {
+			_, err = br.Exec()
+		}
 	}
 	var tag pgconn.CommandTag
 	if err == nil {
@@ -133,7 +139,7 @@ func (t *lazyTx) commitWith(ctx context.Context, b *pgx.Batch) (ended bool, err 
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if st := t.c.Conn().PgConn().TxStatus(); st == 'I' || t.c.Conn().IsClosed() {
+	if conn := t.c.Conn(); conn.IsClosed() || conn.PgConn().TxStatus() == 'I' {
 		t.release()
 		ended = true
 	}

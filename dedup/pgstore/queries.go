@@ -377,9 +377,14 @@ type failureMark struct {
 	expirySecs *float64
 }
 
+// args are record_mark_failed's arguments.
+func (m failureMark) args() []any {
+	return []any{m.rowID, string(m.status), m.errText, m.errClass, m.expirySecs,
+		m.attempt == attemptNew, clip(m.msg.Source, 1024), m.msg.ReconsumeTimes}
+}
+
 func (q *queries) updateFailed(ctx context.Context, tx pgx.Tx, m failureMark) error {
-	if _, err := tx.Exec(ctx, q.recordMarkFailedSQL, m.rowID, string(m.status), m.errText, m.errClass, m.expirySecs,
-		m.attempt == attemptNew, clip(m.msg.Source, 1024), m.msg.ReconsumeTimes); err != nil {
+	if _, err := tx.Exec(ctx, q.recordMarkFailedSQL, m.args()...); err != nil {
 		return fmt.Errorf("idemq: mark %s: %w", m.status, err)
 	}
 	return nil
@@ -400,6 +405,11 @@ type deadLetterRow struct {
 // insertDeadLetter writes d and returns its id, or 0 when the live dead
 // letter of the same message, reason and fingerprint exists already.
 func (q *queries) insertDeadLetter(ctx context.Context, tx pgx.Tx, d deadLetterRow) (int64, error) {
+	return scanDeadLetterID(d, tx.QueryRow(ctx, q.deadLetterInsertSQL, q.deadLetterArgs(d)...))
+}
+
+// deadLetterArgs are dead_letter_insert's arguments for d.
+func (q *queries) deadLetterArgs(d deadLetterRow) []any {
 	id := d.msg.Identity
 	class := d.class
 	if class == "" {
@@ -409,15 +419,21 @@ func (q *queries) insertDeadLetter(ctx context.Context, tx pgx.Tx, d deadLetterR
 	for k, v := range d.msg.Headers {
 		headers[clip(k, 1024)] = clip(v, 8192)
 	}
-	var dlID int64
-	err := tx.QueryRow(ctx, q.deadLetterInsertSQL, id.Scope, id.MessageID, id.BusinessKey, d.reason,
+	return []any{id.Scope, id.MessageID, id.BusinessKey, d.reason,
 		clip(d.cause.Error(), q.maxErrorBytes), class, d.sum, d.attempts, clip(d.msg.Topic, 1024), d.msg.Key,
-		headers, d.msg.Payload, clip(d.msg.Source, 1024)).Scan(&dlID)
+		headers, d.msg.Payload, clip(d.msg.Source, 1024)}
+}
+
+// scanDeadLetterID reads dead_letter_insert's row: the new dead letter's
+// id, or 0 when the live dead letter exists already.
+func scanDeadLetterID(d deadLetterRow, row pgx.Row) (int64, error) {
+	var dlID int64
+	err := row.Scan(&dlID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("idemq: dead letter %s: %w", id, err)
+		return 0, fmt.Errorf("idemq: dead letter %s: %w", d.msg.Identity, err)
 	}
 	return dlID, nil
 }

@@ -69,11 +69,13 @@ func (e *storeEnv) tripStore(tweak func(*Config)) (*Store, *atomic.Int64) {
 // COMMIT ends it), a duplicate 2 (the claim's read, then COMMIT, nothing
 // written), a retry of a FAILED_RETRYABLE record 3 plus the handler's (the
 // reclaim needs the claim's answer; its success mark travels with the
-// COMMIT). Lease mode's new claim costs 2 (and its completion 1), a start
-// marker of a new identity 2. Each count is taken after a warm-up of the
-// same path, so that pgx's statement cache is filled (a statement's first
-// use on a connection costs a prepare round trip of its own). Before these
-// changes the counts were 3+1, 3, 6+1, 3+1 and 3.
+// COMMIT), a handler failure 2 plus the handler's (its mark, and a final
+// failure's dead letter, travel with the COMMIT). Lease mode's new claim
+// costs 2 (and its completion 1), a start marker of a new identity 2. Each
+// count is taken after a warm-up of the same path, so that pgx's statement
+// cache is filled (a statement's first use on a connection costs a prepare
+// round trip of its own). Before these changes the counts were 3+1, 3,
+// 6+1, 5, 6, 3+1 and 3.
 func TestRoundTripsPerMessage(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.MaxAttempts = 5 })
 	tbl := e.table("rt_items")
@@ -91,6 +93,8 @@ func TestRoundTripsPerMessage(t *testing.T) {
 		}
 		return insert(ctx, tx, m)
 	}
+	failing := func(context.Context, pgx.Tx, *dedup.Message) error { return errors.New("fails") }
+	permanent := func(context.Context, pgx.Tx, *dedup.Message) error { return dedup.Permanent(errors.New("never")) }
 	const handlerTrips = 1
 	warm := true
 	count := func(what string, want int64, f func()) {
@@ -114,6 +118,8 @@ func TestRoundTripsPerMessage(t *testing.T) {
 		count("duplicate "+n, 2, func() { process("new-"+n, insert, dedup.OutcomeDuplicate) })
 		process("retry-"+n, flaky, dedup.OutcomeRetry) // FAILED_RETRYABLE, attempts 1
 		count("retry "+n, 3+handlerTrips, func() { process("retry-"+n, flaky, dedup.OutcomeProcessed) })
+		count("handler failure "+n, 2, func() { process("fail-"+n, failing, dedup.OutcomeRetry) })
+		count("permanent failure "+n, 2, func() { process("perm-"+n, permanent, dedup.OutcomeDeadLetter) })
 		count("lease claim and completion "+n, 2+1, func() {
 			res, err := st.ProcessLeased(e.ctx, e.msg("lease-"+n, "", "p"), func(context.Context, *dedup.Message) error { return nil },
 				dedup.LeaseOptions{TTL: time.Minute})
@@ -332,4 +338,60 @@ func TestNoPooledConnectionLeaks(t *testing.T) {
 		}
 	}
 	waitReleased(t, pool)
+}
+
+// A success mark that travels with the COMMIT and fails makes the server
+// skip the COMMIT: the handler's writes never commit without their record
+// SUCCEEDED. The handler on a reclaimed (FAILED_RETRYABLE) record either
+// leaves its transaction aborted (it swallowed an error), or changes the
+// record itself so that the mark finds no PROCESSING record (the mark then
+// raises, instead of answering "0 rows"). Either way it is the handler's
+// failure, marked in the same transaction after its savepoint: counted, its
+// writes rolled back; the next copy runs at the next attempt.
+func TestMarkAtCommitRefused(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"aborted", "record changed"} {
+		t.Run(how, func(t *testing.T) {
+			e := newEnv(t, nil)
+			tbl := e.table("mark_items")
+			e.exec(`create table ` + tbl + ` (k text primary key)`)
+			insert := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+				_, err := tx.Exec(ctx, `insert into `+tbl+` (k) values ($1)`, m.Identity.MessageID)
+				return err
+			}
+			spoil := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+				if err := insert(ctx, tx, m); err != nil {
+					return err
+				}
+				if how == "aborted" {
+					_, _ = tx.Exec(ctx, `select 1/0`) // error swallowed: the transaction is aborted
+					return nil
+				}
+				_, err := tx.Exec(ctx, `update `+e.records()+` set status = 'FAILED_RETRYABLE' where scope = $1 and message_id = $2`,
+					e.scope, m.Identity.MessageID)
+				return err
+			}
+			fail := func(context.Context, pgx.Tx, *dedup.Message) error { return errors.New("first attempt fails") }
+			if res, err := e.store.Process(e.ctx, e.msg("m-1", "", "p"), fail); err != nil || res.Outcome != dedup.OutcomeRetry {
+				t.Fatalf("first copy: %+v, %v", res, err)
+			}
+			res, err := e.store.Process(e.ctx, e.msg("m-1", "", "p"), spoil)
+			if err != nil || res.Outcome != dedup.OutcomeRetry || res.Attempts != 2 || !res.HandlerCalled {
+				t.Fatalf("second copy: %+v, %v; want a counted retry at attempt 2 (the mark refused)", res, err)
+			}
+			if r := e.record("m-1"); r.Status != dedup.StatusFailedRetryable || r.Attempts != 2 {
+				t.Fatalf("record = %+v; want FAILED_RETRYABLE at 2 attempts", r)
+			}
+			if n := e.count(`select count(*) from ` + tbl); n != 0 {
+				t.Fatalf("%d business rows committed without a SUCCEEDED record, want 0", n)
+			}
+			res, err = e.store.Process(e.ctx, e.msg("m-1", "", "p"), insert)
+			if err != nil || res.Outcome != dedup.OutcomeProcessed || res.Attempts != 3 {
+				t.Fatalf("third copy: %+v, %v; want processed at attempt 3", res, err)
+			}
+			if n := e.count(`select count(*) from ` + tbl); n != 1 {
+				t.Fatalf("%d business rows, want 1", n)
+			}
+		})
+	}
 }

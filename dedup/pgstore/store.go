@@ -228,11 +228,13 @@ type claimRun struct {
 	markAtCommit bool
 }
 
-// pendingMark is a success mark left for the COMMIT (claimRun.markAtCommit):
-// the record reclaimed and the attempts its claim counted. rowID 0: none.
+// pendingMark is a mark left for the COMMIT (claimRun.markAtCommit): the
+// record claimed and the attempts its claim counted, and the handler's
+// failure to mark (nil: the success of a reclaimed record). rowID 0: none.
 type pendingMark struct {
 	rowID    int64
 	attempts int
+	failed   error
 }
 
 // claimAndRun is step 1–3 of atomic mode. It returns the handler's error
@@ -242,9 +244,10 @@ type pendingMark struct {
 // ErrOutcomeUnknown with HandlerCalled set.
 //
 // Round trips: BEGIN travels with the claim (lazyTx), and a reclaimed
-// record's success mark with the COMMIT (commitWith), so that a new message
-// costs 2 round trips plus the handler's own, a duplicate 2, and a retry of
-// a FAILED_RETRYABLE record 3 (the reclaim needs the claim's answer first).
+// record's success mark, or a handler failure's mark, with the COMMIT
+// (commitWith), so that a new message costs 2 round trips plus the
+// handler's own, a duplicate 2, a handler failure 2, and a retry of a
+// FAILED_RETRYABLE record 3 (the reclaim needs the claim's answer first).
 func (s *Store) claimAndRun(ctx context.Context, c claimRun) (res dedup.Result, herr error, err error) {
 	tx, err := beginLazy(ctx, s.pool, s.cfg.TxOptions)
 	if err != nil {
@@ -257,6 +260,9 @@ func (s *Store) claimAndRun(ctx context.Context, c claimRun) (res dedup.Result, 
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return res, herr, err
 	}
+	if pend.failed != nil {
+		return s.commitClaimedFailure(ctx, tx, c, pend)
+	}
 	var cerr error
 	ended := true
 	if pend.rowID == 0 {
@@ -264,7 +270,7 @@ func (s *Store) claimAndRun(ctx context.Context, c claimRun) (res dedup.Result, 
 	} else {
 		b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
 		b.Queue(s.q.recordMarkSucceededAtCommitSQL, pend.rowID, *s.expiry(dedup.StatusSucceeded))
-		ended, cerr = tx.commitWith(ctx, b)
+		ended, cerr = tx.commitWith(ctx, b, nil)
 	}
 	if cerr != nil && !ended {
 		// The mark failed and the server skipped the COMMIT behind it: the
@@ -367,7 +373,18 @@ func (s *Store) claimAndRunMark(ctx context.Context, tx pgx.Tx, c claimRun) (res
 		// swallowed an error and went on): that is a handler failure.
 		herr = fmt.Errorf("idemq: mark succeeded: %w", err)
 	}
-	res, herr, err = s.handlerFailed(ctx, tx, c, pendingMark{rowID: rowID, attempts: attempts}, herr)
+	at := pendingMark{rowID: rowID, attempts: attempts}
+	if conn := tx.Conn(); c.markAtCommit && conn != nil && !conn.IsClosed() {
+		// A connection closed under the handler (its own deadline) cannot
+		// mark: handlerFailed hands the failure to a new transaction.
+		switch handlerFailureClass(ctx, tx, herr) {
+		case dedup.FailureHandler, dedup.FailurePermanent:
+			// Marked with the COMMIT, by the caller (commitClaimedFailure).
+			at.failed = herr
+			return dedup.Result{HandlerCalled: true, Attempts: attempts}, at, nil, nil
+		}
+	}
+	res, herr, err = s.handlerFailed(ctx, tx, c, at, herr)
 	return res, pend, herr, err
 }
 
@@ -416,6 +433,23 @@ type claimedFailure struct {
 // already counted by the claim) FAILED_RETRYABLE, or FAILED_FINAL with a dead
 // letter when the error is permanent or the attempts are used up.
 func (s *Store) markClaimedFailed(ctx context.Context, tx pgx.Tx, f claimedFailure) (dedup.Result, error) {
+	m, dl, res := s.planClaimedFailure(f)
+	if err := s.q.updateFailed(ctx, tx, m); err != nil {
+		return dedup.Result{}, err
+	}
+	if dl != nil {
+		var err error
+		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, *dl); err != nil {
+			return dedup.Result{}, err
+		}
+	}
+	return res, nil
+}
+
+// planClaimedFailure is what markClaimedFailed writes for f: the record's
+// mark, the dead letter when the failure is final (nil otherwise), and the
+// result (its DeadLetterID still to be filled in).
+func (s *Store) planClaimedFailure(f claimedFailure) (failureMark, *deadLetterRow, dedup.Result) {
 	herr, attempts := f.err, f.attempts
 	status, reason := dedup.StatusFailedRetryable, dedup.ReasonAttemptsExhausted
 	switch {
@@ -424,19 +458,14 @@ func (s *Store) markClaimedFailed(ctx context.Context, tx pgx.Tx, f claimedFailu
 	case attempts >= s.cfg.MaxAttempts:
 		status = dedup.StatusFailedFinal
 	}
-	if err := s.q.updateFailed(ctx, tx, failureMark{rowID: f.rowID, status: status, attempt: attemptCounted, msg: f.msg,
-		errText: clip(herr.Error(), s.cfg.MaxErrorBytes), errClass: dedup.ErrorClass(herr), expirySecs: s.expiry(status)}); err != nil {
-		return dedup.Result{}, err
-	}
+	m := failureMark{rowID: f.rowID, status: status, attempt: attemptCounted, msg: f.msg,
+		errText: clip(herr.Error(), s.cfg.MaxErrorBytes), errClass: dedup.ErrorClass(herr), expirySecs: s.expiry(status)}
 	res := dedup.Result{Outcome: dedup.OutcomeRetry, Status: status, Attempts: attempts, HandlerCalled: true, Err: herr}
-	if status == dedup.StatusFailedFinal {
-		var err error
-		res.Outcome, res.Reason = dedup.OutcomeDeadLetter, reason
-		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, deadLetterRow{msg: f.msg, sum: f.sum, reason: reason, cause: herr, attempts: attempts}); err != nil {
-			return dedup.Result{}, err
-		}
+	if status != dedup.StatusFailedFinal {
+		return m, nil, res
 	}
-	return res, nil
+	res.Outcome, res.Reason = dedup.OutcomeDeadLetter, reason
+	return m, &deadLetterRow{msg: f.msg, sum: f.sum, reason: reason, cause: herr, attempts: attempts}, res
 }
 
 // claim inserts a PROCESSING (claimSucceeded: SUCCEEDED) record with
