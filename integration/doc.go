@@ -104,6 +104,14 @@
 // isolation level with a real serializable write skew (pgstore:
 // TestHandlerIsolationLevel).
 //
+// Round trips in per-message modes: BEGIN travels with the claim and the
+// marks with the COMMIT, counted on the wire per outcome (pgstore:
+// TestRoundTripsPerMessage); a success mark refused at COMMIT keeps the
+// handler's writes out (pgstore: TestMarkAtCommitRefused); a backend killed
+// during the pipelined BEGIN and claim, or before it (pgstore:
+// TestBackendKilledDuringPipelinedBegin); no pooled connection leaked by
+// 1,000 mixed outcomes (pgstore: TestNoPooledConnectionLeaks).
+//
 // # Postgres-only tests live in dedup/pgstore
 //
 // A test that needs Postgres and nothing else (no broker, no Redis, no child

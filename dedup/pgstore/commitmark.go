@@ -22,7 +22,7 @@ import (
 //   - a transient COMMIT (40001, 40P01): herr, retried whole;
 //   - the connection lost during the batch: the COMMIT may have run; an err
 //     wrapping ErrOutcomeUnknown, nothing counted by this delivery.
-func (s *Store) commitClaimedFailure(ctx context.Context, tx *lazyTx, c claimRun, pend pendingMark) (dedup.Result, error, error) {
+func (s *Store) commitClaimedFailure(ctx context.Context, tx *lazyTx, c claimRun, pend pendingMark) (_ dedup.Result, herr, err error) {
 	m, dl, res := s.planClaimedFailure(claimedFailure{rowID: pend.rowID, attempts: pend.attempts, msg: c.msg, sum: c.sum, err: pend.failed})
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 4)}
 	b.Queue(s.q.handlerRollbackSQL)

@@ -177,6 +177,10 @@
 //	                                                  3 more round trips in the run's claim
 //	MarkStart alone                         531 µs    3 round trips and a commit, new identity
 //
+// These were measured before BEGIN travelled with the first batch: MarkStart
+// of a new identity is now 2 round trips, its COMMIT included, and the
+// marker's update travels with its COMMIT.
+//
 // Under the load of parallel test runs (commits of 1 to 3 ms) the same pairs
 // gave a first delivery −159 to +124 µs (noise), a replay of a final record
 // 0.27 ms instead of 1.9–2.8 ms, and a replay that is not final +3.6 to

@@ -23,21 +23,21 @@ import (
 // tripConn counts round trips on a client connection: each time the client
 // reads after having written, it waits for the server once, however many
 // writes (a pipelined batch) came before and however many reads the answer
-// takes.
+// takes. pgconn may read on a goroutine of its own while a slow write is
+// under way (its background reader), hence the atomics.
 type tripConn struct {
 	net.Conn
 	trips   *atomic.Int64
-	writing bool // the last call was a Write
+	writing atomic.Bool // the last call to begin was a Write
 }
 
 func (c *tripConn) Write(b []byte) (int, error) {
-	c.writing = true
+	c.writing.Store(true)
 	return c.Conn.Write(b)
 }
 
 func (c *tripConn) Read(b []byte) (int, error) {
-	if c.writing {
-		c.writing = false
+	if c.writing.Swap(false) {
 		c.trips.Add(1)
 	}
 	return c.Conn.Read(b)
