@@ -110,7 +110,8 @@
 // handler's writes out (pgstore: TestMarkAtCommitRefused); a backend killed
 // during the pipelined BEGIN and claim, or before it (pgstore:
 // TestBackendKilledDuringPipelinedBegin); no pooled connection leaked by
-// 1,000 mixed outcomes (pgstore: TestNoPooledConnectionLeaks).
+// 1,000 mixed outcomes (pgstore: TestNoPooledConnectionLeaks); the handler
+// sees an ordinary pgx.Tx (pgstore: TestLazyTxIsAnOrdinaryTx).
 //
 // # Postgres-only tests live in dedup/pgstore
 //

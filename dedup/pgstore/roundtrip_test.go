@@ -395,3 +395,100 @@ func TestMarkAtCommitRefused(t *testing.T) {
 		})
 	}
 }
+
+// The handler cannot tell the transaction whose BEGIN travelled with the
+// claim from pgx's own: every pgx.Tx method works inside it (a nested
+// transaction, a query, a batch, COPY, a prepared statement, large objects,
+// the connection, inside a transaction block), and its writes commit with
+// the record. A lazyTx on which a statement other than a batch comes first
+// begins at once, one that sent nothing commits and rolls back without a
+// word to the server, and every one gives its connection back.
+func TestLazyTxIsAnOrdinaryTx(t *testing.T) {
+	e := newEnv(t, nil)
+	tbl := e.table("lazy_items")
+	e.exec(`create table ` + tbl + ` (k text primary key)`)
+	pool := e.newPool(func(c *pgxpool.Config) { c.MaxConns, c.MinConns = 2, 0 })
+	st := e.newStore(pool, nil)
+	h := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		if st := tx.Conn().PgConn().TxStatus(); st != 'T' {
+			return fmt.Errorf("transaction status %q, want T", st)
+		}
+		nested, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := nested.Exec(ctx, `insert into `+tbl+` (k) values ($1)`, m.Identity.MessageID+"-nested-rolled-back"); err != nil {
+			return err
+		}
+		if err := nested.Rollback(ctx); err != nil {
+			return err
+		}
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{e.biz, "lazy_items"}, []string{"k"}, pgx.CopyFromRows([][]any{{m.Identity.MessageID + "-copy"}})); err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.Queue(`insert into `+tbl+` (k) values ($1)`, m.Identity.MessageID+"-batch")
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		if _, err := tx.Prepare(ctx, "lazy_insert", `insert into `+tbl+` (k) values ($1)`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "lazy_insert", m.Identity.MessageID+"-prepared"); err != nil {
+			return err
+		}
+		lo := tx.LargeObjects()
+		oid, err := lo.Create(ctx, 0)
+		if err != nil {
+			return err
+		}
+		if err := lo.Unlink(ctx, oid); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `select k from `+tbl+` order by k`)
+		if err != nil {
+			return err
+		}
+		ks, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		if len(ks) != 3 {
+			return fmt.Errorf("rows seen in the transaction: %v, want 3", ks)
+		}
+		return nil
+	}
+	if res, err := st.Process(e.ctx, e.msg("m-1", "", "p"), h); err != nil || res.Outcome != dedup.OutcomeProcessed {
+		t.Fatalf("Process: %+v, %v", res, err)
+	}
+	if n := e.count(`select count(*) from ` + tbl); n != 3 {
+		t.Fatalf("%d rows committed, want 3 (copy, batch, prepared)", n)
+	}
+
+	// Direct use: nothing sent, a statement first, and closed twice.
+	idle, err := beginLazy(e.ctx, pool, pgx.TxOptions{IsoLevel: pgx.Serializable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idle.Commit(e.ctx); err != nil {
+		t.Fatalf("commit of a transaction that sent nothing: %v", err)
+	}
+	if err := idle.Rollback(e.ctx); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("rollback after commit: %v, want ErrTxClosed", err)
+	}
+	eager, err := beginLazy(e.ctx, pool, pgx.TxOptions{IsoLevel: pgx.Serializable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var iso string
+	if err := eager.QueryRow(e.ctx, `select current_setting('transaction_isolation')`).Scan(&iso); err != nil || iso != "serializable" {
+		t.Fatalf("isolation inside a lazyTx begun by a query: %q, %v; want serializable", iso, err)
+	}
+	if err := eager.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eager.Exec(e.ctx, `select 1`); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("exec after rollback: %v, want ErrTxClosed", err)
+	}
+	waitReleased(t, pool)
+}
