@@ -31,6 +31,11 @@ type lazyTx struct {
 	opts pgx.TxOptions
 	tx   pgx.Tx // the begun transaction; nil until BEGIN was sent
 	done bool   // committed, rolled back, or BEGIN failed
+
+	// first and firstResults are the first batch (BEGIN and the caller's
+	// queries) and its results, kept here to spare two allocations.
+	first        pgx.Batch
+	firstResults lazyBatchResults
 }
 
 var _ pgx.Tx = (*lazyTx)(nil)
@@ -84,7 +89,8 @@ func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.tx != nil {
 		return t.tx.SendBatch(ctx, b)
 	}
-	nb := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(b.QueuedQueries)+1)}
+	nb := &t.first
+	nb.QueuedQueries = make([]*pgx.QueuedQuery, 0, len(b.QueuedQueries)+1)
 	nb.BeginTx(t.opts)
 	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
 	br := t.c.Conn().SendBatch(ctx, nb)
@@ -94,14 +100,15 @@ func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 		return pgx.FailedBatchResults(b, err)
 	}
 	t.tx = br.Tx()
-	return lazyBatchResults{br}
+	t.firstResults.BatchResults = br
+	return &t.firstResults
 }
 
 // lazyBatchResults are the results of b's queries in a batch that also
 // began the transaction; Tx is nil, as for any batch sent in a transaction.
 type lazyBatchResults struct{ pgx.BatchResults }
 
-func (lazyBatchResults) Tx() pgx.Tx { return nil }
+func (*lazyBatchResults) Tx() pgx.Tx { return nil }
 
 // commitWith sends b's queries and COMMIT in one batch (one round trip):
 // the store's last marks travel with the COMMIT. scan reads the results of
