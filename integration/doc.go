@@ -130,6 +130,15 @@
 // steady ingest for each index layout (docs/operations.md, "Purge cost and
 // indexes").
 //
+// Round trips in per-message modes: BEGIN travels with the claim and the
+// marks with the COMMIT, counted on the wire per outcome (pgstore:
+// TestRoundTripsPerMessage); a success mark refused at COMMIT keeps the
+// handler's writes out (pgstore: TestMarkAtCommitRefused); a backend killed
+// during the pipelined BEGIN and claim, or before it (pgstore:
+// TestBackendKilledDuringPipelinedBegin); no pooled connection leaked by
+// 1,000 mixed outcomes (pgstore: TestNoPooledConnectionLeaks); the handler
+// sees an ordinary pgx.Tx (pgstore: TestLazyTxIsAnOrdinaryTx).
+//
 // # Forms and state transitions
 //
 // One-time submit tokens on the real Redis: issued, consumed once, then

@@ -121,7 +121,9 @@ func (s *Store) MarkStart(ctx context.Context, msg *dedup.Message) (dedup.StartM
 
 func (s *Store) markStart(ctx context.Context, msg *dedup.Message, sum []byte, keyID string) (m dedup.StartMark, again bool, err error) {
 	id := msg.Identity
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	// BEGIN travels with the marker's first batch, and the marker's update
+	// with the COMMIT (lazyTx): 2 round trips.
+	tx, err := beginLazy(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return dedup.StartMark{}, false, fmt.Errorf("idemq: begin start marker: %w", err)
 	}
@@ -185,10 +187,12 @@ func (s *Store) markStart(ctx context.Context, msg *dedup.Message, sum []byte, k
 		s.cfg.Logger.Warn("idemq: a handler run died with its process; counted as an attempt", "identity", id.String(),
 			"attempts", attempts, "max_attempts", s.cfg.MaxAttempts, "source", msg.Source)
 	}
-	if _, err := tx.Exec(ctx, s.q.startMarkSetSQL, rec.id, attempts, errText, errClass); err != nil {
+	set := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
+	set.Queue(s.q.startMarkSetSQL, rec.id, attempts, errText, errClass)
+	if _, err := tx.commitWith(ctx, set, nil); err != nil {
 		return dedup.StartMark{}, false, fmt.Errorf("idemq: start marker %s: %w", id, err)
 	}
-	return dedup.StartMark{Run: true, Token: startRef{rowID: rec.id, mark: attempts}}, false, commit(ctx, tx)
+	return dedup.StartMark{Run: true, Token: startRef{rowID: rec.id, mark: attempts}}, false, nil
 }
 
 // ClearStart withdraws the marker m after its run returned to the caller

@@ -49,6 +49,21 @@
 //     (and outbox rows) there;
 //  3. the record is marked SUCCEEDED and everything commits together.
 //
+// Round trips: the transaction's BEGIN is queued in front of the claim, in
+// the same round trip (pgx's Batch.BeginTx, on a connection acquired from
+// the pool for the transaction), and a reclaimed record's SUCCEEDED mark
+// travels with the COMMIT (a mark that finds nothing to mark fails, so the
+// server skips the COMMIT behind it). A new message costs 2 round trips plus
+// the handler's own, a duplicate 2 (a read, then a COMMIT that writes
+// nothing), a retry of a FAILED_RETRYABLE record 3 plus the handler's, a
+// handler failure 2 plus the handler's (the rollback to the handler's
+// savepoint, the mark and a final failure's dead letter travel with the
+// COMMIT). The handler sees an ordinary pgx.Tx. Lease-mode claims and failure marks,
+// failure marks after a rollback and start markers send their BEGIN the
+// same way. A connection lost during the BEGIN and claim is an unknown
+// outcome like any loss before COMMIT (nothing can have committed; nothing
+// is counted), and the connection goes back to the pool on every path.
+//
 // When the handler fails, the transaction rolls back (its writes vanish) and a
 // second short transaction marks the record FAILED_RETRYABLE, or FAILED_FINAL
 // when the error is [dedup.Permanent] or the attempts reach Config.MaxAttempts; a
@@ -172,6 +187,10 @@
 //	replay, not final         746 µs (new)  1904 µs   +1.16 ms: the marker's transaction (a commit) and
 //	                                                  3 more round trips in the run's claim
 //	MarkStart alone                         531 µs    3 round trips and a commit, new identity
+//
+// These were measured before BEGIN travelled with the first batch: MarkStart
+// of a new identity is now 2 round trips, its COMMIT included, and the
+// marker's update travels with its COMMIT.
 //
 // Under the load of parallel test runs (commits of 1 to 3 ms) the same pairs
 // gave a first delivery −159 to +124 µs (noise), a replay of a final record

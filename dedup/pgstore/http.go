@@ -267,10 +267,7 @@ func (h *HTTPStore) try(ctx context.Context, req HTTPRequest, hd HTTPHandler) (H
 		}
 		// FAILED_RETRYABLE, locked by the claim: run again.
 		rowID = rec.id
-		if attempts, err = s.q.reclaim(ctx, tx, rec.id, msg); err != nil {
-			return HTTPResult{}, err
-		}
-		if err := s.q.resetSavepoint(ctx, tx); err != nil {
+		if attempts, err = s.q.reclaimReset(ctx, tx, rec.id, msg); err != nil {
 			return HTTPResult{}, err
 		}
 		req.CanonVersion = version // the record keeps its version

@@ -69,7 +69,9 @@ type leaseClaim struct {
 func (s *Store) claimLease(ctx context.Context, c leaseClaim) (dedup.Lease, int64, dedup.Result, error) {
 	msg, sum, ttl := c.msg, c.sum, c.ttl
 	lease := dedup.Lease{Identity: msg.Identity, Record: msg.Identity, OwnerToken: uuid.New(), Fence: 1, Attempt: 1}
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	// BEGIN travels with the claim (lazyTx): a new claim costs 2 round
+	// trips, the claim and the COMMIT.
+	tx, err := beginLazy(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return lease, 0, dedup.Result{}, fmt.Errorf("idemq: begin lease claim: %w", err)
 	}
@@ -77,7 +79,7 @@ func (s *Store) claimLease(ctx context.Context, c leaseClaim) (dedup.Lease, int6
 	id := msg.Identity
 	var rowID *int64
 	var found foundRecord
-	err = tx.QueryRow(ctx, s.q.leaseClaimSQL, id.Scope, id.MessageID, id.BusinessKey, sum, c.keyID,
+	err = batchRow(ctx, tx, s.q.leaseClaimSQL, id.Scope, id.MessageID, id.BusinessKey, sum, c.keyID,
 		clip(msg.Source, 1024), msg.ReconsumeTimes, lease.OwnerToken, ttl.Seconds()).
 		Scan(&rowID, &found.id, &found.messageID, &found.businessKey, &found.fingerprint, &found.keyID, &found.status, &found.attempts, &found.live)
 	if err != nil {
@@ -179,11 +181,16 @@ func (p *pgLease) Fail(ctx context.Context, status dedup.Status, reason string, 
 	}
 	m, err := markRetry(ctx, p.s, "lease mark "+string(status)+" "+p.lease.Identity.String(), func() (marked, error) {
 		var m marked
-		err := pgx.BeginFunc(ctx, p.s.pool, func(tx pgx.Tx) (err error) {
-			m.dlID, m.fenced, err = p.fail(ctx, tx, status, reason, herr)
-			return err
-		})
+		// BEGIN travels with the mark (lazyTx).
+		tx, err := beginLazy(ctx, p.s.pool, pgx.TxOptions{})
 		if err != nil {
+			return marked{}, err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if m.dlID, m.fenced, err = p.fail(ctx, tx, status, reason, herr); err != nil {
+			return marked{}, err
+		}
+		if err := tx.Commit(ctx); err != nil {
 			return marked{}, err
 		}
 		return m, nil
@@ -197,7 +204,7 @@ func (p *pgLease) Fail(ctx context.Context, status dedup.Status, reason string, 
 func (p *pgLease) fail(ctx context.Context, tx pgx.Tx, status dedup.Status, reason string, herr error) (dlID int64, fenced bool, err error) {
 	s := p.s
 	var marked, before bool
-	if err := tx.QueryRow(ctx, s.q.leaseFailSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, string(status),
+	if err := batchRow(ctx, tx, s.q.leaseFailSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, string(status),
 		clip(herr.Error(), s.cfg.MaxErrorBytes), dedup.ErrorClass(herr), s.expiry(status)).Scan(&marked, &before); err != nil {
 		return 0, false, err
 	}

@@ -33,6 +33,8 @@ type queries struct {
 	deadLetterLiveIDSQL string
 	// batch.sql (batch_set.go)
 	recordsClaimSetSQL, recordsLockSetSQL, recordsUnclaimSetSQL string
+	// commit.sql
+	recordMarkSucceededAtCommitSQL string
 	// lease.sql
 	leaseClaimSQL, leaseLockSQL, leaseTakeSQL, leaseBeatSQL, leaseDoneSQL, leaseReleaseSQL, leaseFailSQL,
 	leaseOwnClaimSQL, leaseOwnExhaustSQL string
@@ -91,9 +93,10 @@ func newQueries(cfg Config) (queries, error) {
 		"dead_letter_insert":     &q.deadLetterInsertSQL,
 		"dead_letter_live_id":    &q.deadLetterLiveIDSQL,
 
-		"records_claim_set":   &q.recordsClaimSetSQL,
-		"records_lock_set":    &q.recordsLockSetSQL,
-		"records_unclaim_set": &q.recordsUnclaimSetSQL,
+		"records_claim_set":               &q.recordsClaimSetSQL,
+		"records_lock_set":                &q.recordsLockSetSQL,
+		"records_unclaim_set":             &q.recordsUnclaimSetSQL,
+		"record_mark_succeeded_at_commit": &q.recordMarkSucceededAtCommitSQL,
 
 		"lease_claim":       &q.leaseClaimSQL,
 		"lease_lock":        &q.leaseLockSQL,
@@ -266,11 +269,32 @@ func (q *queries) resetSavepoint(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
+// reclaimReset is reclaim plus the handler's savepoint released and set
+// again, in one round trip: the reclaim's update stays behind the new
+// savepoint (the handler's rollback keeps it), and savepoints never nest.
+func (q *queries) reclaimReset(ctx context.Context, tx pgx.Tx, rowID int64, msg *dedup.Message) (int, error) {
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 3)}
+	b.Queue(q.recordReclaimSQL, rowID, clip(msg.Source, 1024), msg.ReconsumeTimes)
+	b.Queue(q.handlerReleaseSQL)
+	b.Queue(q.handlerSavepointSQL)
+	br := tx.SendBatch(ctx, b)
+	var attempts int
+	err := br.QueryRow().Scan(&attempts)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("idemq: reclaim %s: %w", msg.Identity, err)
+	}
+	return attempts, nil
+}
+
 // claimRecord is record_claim alone: the new row's id, or 0 and the record
 // that holds either unique key, read without a lock (nil when the insert
-// met a concurrent claim's record: lock it to see it).
+// met a concurrent claim's record: lock it to see it). It is sent as a
+// batch, so that a lazyTx's BEGIN travels with it.
 func (q *queries) claimRecord(ctx context.Context, tx pgx.Tx, r newRecord) (int64, *record, error) {
-	rowID, found, err := scanClaim(tx.QueryRow(ctx, q.recordClaimSQL, r.args()...))
+	rowID, found, err := scanClaim(batchRow(ctx, tx, q.recordClaimSQL, r.args()...))
 	if err != nil {
 		return 0, nil, fmt.Errorf("idemq: claim %s: %w", r.msg.Identity, err)
 	}
@@ -376,9 +400,14 @@ type failureMark struct {
 	expirySecs *float64
 }
 
+// args are record_mark_failed's arguments.
+func (m failureMark) args() []any {
+	return []any{m.rowID, string(m.status), m.errText, m.errClass, m.expirySecs,
+		m.attempt == attemptNew, clip(m.msg.Source, 1024), m.msg.ReconsumeTimes}
+}
+
 func (q *queries) updateFailed(ctx context.Context, tx pgx.Tx, m failureMark) error {
-	if _, err := tx.Exec(ctx, q.recordMarkFailedSQL, m.rowID, string(m.status), m.errText, m.errClass, m.expirySecs,
-		m.attempt == attemptNew, clip(m.msg.Source, 1024), m.msg.ReconsumeTimes); err != nil {
+	if _, err := tx.Exec(ctx, q.recordMarkFailedSQL, m.args()...); err != nil {
 		return fmt.Errorf("idemq: mark %s: %w", m.status, err)
 	}
 	return nil
@@ -399,6 +428,11 @@ type deadLetterRow struct {
 // insertDeadLetter writes d and returns its id, or 0 when the live dead
 // letter of the same message, reason and fingerprint exists already.
 func (q *queries) insertDeadLetter(ctx context.Context, tx pgx.Tx, d deadLetterRow) (int64, error) {
+	return scanDeadLetterID(d, tx.QueryRow(ctx, q.deadLetterInsertSQL, q.deadLetterArgs(d)...))
+}
+
+// deadLetterArgs are dead_letter_insert's arguments for d.
+func (q *queries) deadLetterArgs(d deadLetterRow) []any {
 	id := d.msg.Identity
 	class := d.class
 	if class == "" {
@@ -408,15 +442,21 @@ func (q *queries) insertDeadLetter(ctx context.Context, tx pgx.Tx, d deadLetterR
 	for k, v := range d.msg.Headers {
 		headers[clip(k, 1024)] = clip(v, 8192)
 	}
-	var dlID int64
-	err := tx.QueryRow(ctx, q.deadLetterInsertSQL, id.Scope, id.MessageID, id.BusinessKey, d.reason,
+	return []any{id.Scope, id.MessageID, id.BusinessKey, d.reason,
 		clip(d.cause.Error(), q.maxErrorBytes), class, d.sum, d.attempts, clip(d.msg.Topic, 1024), d.msg.Key,
-		headers, d.msg.Payload, clip(d.msg.Source, 1024)).Scan(&dlID)
+		headers, d.msg.Payload, clip(d.msg.Source, 1024)}
+}
+
+// scanDeadLetterID reads dead_letter_insert's row: the new dead letter's
+// id, or 0 when the live dead letter exists already.
+func scanDeadLetterID(d deadLetterRow, row pgx.Row) (int64, error) {
+	var dlID int64
+	err := row.Scan(&dlID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("idemq: dead letter %s: %w", id, err)
+		return 0, fmt.Errorf("idemq: dead letter %s: %w", d.msg.Identity, err)
 	}
 	return dlID, nil
 }

@@ -223,6 +223,18 @@ type claimRun struct {
 	// release: the transaction still holds an earlier message's handler
 	// savepoint (batched mode), released in the claim's round trip.
 	release bool
+	// markAtCommit: the caller sends the success mark of a reclaimed record
+	// with its COMMIT (claimAndRun): claimAndRunMark leaves it pending.
+	markAtCommit bool
+}
+
+// pendingMark is a mark left for the COMMIT (claimRun.markAtCommit): the
+// record claimed and the attempts its claim counted, and the handler's
+// failure to mark (nil: the success of a reclaimed record). rowID 0: none.
+type pendingMark struct {
+	rowID    int64
+	attempts int
+	failed   error
 }
 
 // claimAndRun is step 1–3 of atomic mode. It returns the handler's error
@@ -230,38 +242,69 @@ type claimRun struct {
 // the server refused the COMMIT; the transaction is then already rolled
 // back. A COMMIT whose outcome is unknown returns an err wrapping
 // ErrOutcomeUnknown with HandlerCalled set.
+//
+// Round trips: BEGIN travels with the claim (lazyTx), and a reclaimed
+// record's success mark, or a handler failure's mark, with the COMMIT
+// (commitWith), so that a new message costs 2 round trips plus the
+// handler's own, a duplicate 2, a handler failure 2, and a retry of a
+// FAILED_RETRYABLE record 3 (the reclaim needs the claim's answer first).
 func (s *Store) claimAndRun(ctx context.Context, c claimRun) (res dedup.Result, herr error, err error) {
-	tx, err := s.pool.BeginTx(ctx, s.cfg.TxOptions)
+	tx, err := beginLazy(ctx, s.pool, s.cfg.TxOptions)
 	if err != nil {
 		return dedup.Result{}, nil, fmt.Errorf("idemq: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	res, herr, err = s.claimAndRunIn(ctx, tx, c)
+	c.markAtCommit = true
+	res, pend, herr, err := s.claimAndRunMark(ctx, tx, c)
 	if err != nil || herr != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return res, herr, err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if pend.failed != nil {
+		return s.commitClaimedFailure(ctx, tx, c, pend)
+	}
+	var cerr error
+	ended := true
+	if pend.rowID == 0 {
+		cerr = tx.Commit(ctx)
+	} else {
+		b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
+		b.Queue(s.q.recordMarkSucceededAtCommitSQL, pend.rowID, *s.expiry(dedup.StatusSucceeded))
+		ended, cerr = tx.commitWith(ctx, b, nil)
+	}
+	if cerr != nil && !ended {
+		// The mark failed and the server skipped the COMMIT behind it: the
+		// handler left the transaction unusable (for example it swallowed
+		// an error and went on). That is a handler failure, marked in this
+		// transaction after its savepoint, as when the mark ran alone.
+		res, herr, err = s.handlerFailed(ctx, tx, c, pend, fmt.Errorf("idemq: mark succeeded: %w", cerr))
+		if err != nil || herr != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return res, herr, err
+		}
+		cerr = tx.Commit(ctx)
+	}
+	if cerr != nil {
 		called := dedup.Result{HandlerCalled: res.HandlerCalled, Attempts: res.Attempts}
-		switch commitFailureClass(err) {
+		switch commitFailureClass(cerr) {
 		case dedup.FailureOutcomeUnknown:
 			// The connection was lost or terminated at COMMIT: it may or may
 			// not have committed. Not the handler's failure: count and mark
 			// nothing; the next copy finds the truth.
-			return called, nil, fmt.Errorf("%w: commit: %w", dedup.ErrOutcomeUnknown, err)
+			return called, nil, fmt.Errorf("%w: commit: %w", dedup.ErrOutcomeUnknown, cerr)
 		case dedup.FailureTransient:
 			if res.HandlerCalled {
-				return called, fmt.Errorf("idemq: commit: %w", err), nil
+				return called, fmt.Errorf("idemq: commit: %w", cerr), nil
 			}
-			return called, nil, fmt.Errorf("idemq: commit: %w", err)
+			return called, nil, fmt.Errorf("idemq: commit: %w", cerr)
 		}
 		if res.HandlerCalled {
 			// The server refused the commit: the handler left the
 			// transaction aborted, or a deferred constraint of its writes
 			// failed. That is the handler's failure, marked like any other.
-			return called, fmt.Errorf("idemq: commit refused: %w", err), nil
+			return called, fmt.Errorf("idemq: commit refused: %w", cerr), nil
 		}
-		return dedup.Result{}, nil, fmt.Errorf("idemq: commit: %w", err)
+		return dedup.Result{}, nil, fmt.Errorf("idemq: commit: %w", cerr)
 	}
 	return res, nil, nil
 }
@@ -276,28 +319,35 @@ func (s *Store) claimAndRun(ctx context.Context, c claimRun) (res dedup.Result, 
 // ran) comes with HandlerCalled set. c.mode says how a new record is
 // inserted (see claimMode).
 func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, c claimRun) (res dedup.Result, herr error, err error) {
+	c.markAtCommit = false
+	res, _, herr, err = s.claimAndRunMark(ctx, tx, c)
+	return res, herr, err
+}
+
+// claimAndRunMark is claimAndRunIn, except that with c.markAtCommit the
+// success mark of a reclaimed record is not sent but returned in pend, for
+// the caller to send with its COMMIT.
+func (s *Store) claimAndRunMark(ctx context.Context, tx pgx.Tx, c claimRun) (res dedup.Result, pend pendingMark, herr error, err error) {
 	msg, sum := c.msg, c.sum
 	id := msg.Identity
 	rowID, rec, err := s.claim(ctx, tx, c)
 	attempts := 1
 	if err != nil {
-		return dedup.Result{}, nil, err
+		return dedup.Result{}, pend, nil, err
 	}
 	if rec != nil {
 		// Someone else's record (or our own earlier one) decides.
 		res, run, err := s.decide(ctx, tx, msg, sum, rec)
 		if err != nil || !run {
-			return res, nil, err
+			return res, pend, nil, err
 		}
 		rowID = rec.id
-		if attempts, err = s.q.reclaim(ctx, tx, rec.id, msg); err != nil {
-			return dedup.Result{}, nil, err
-		}
-		// The claim's savepoint is behind the reclaim's update: replace it
-		// (release, then set again) so that the handler's rollback keeps the
-		// reclaim and savepoints never nest.
-		if err := s.q.resetSavepoint(ctx, tx); err != nil {
-			return dedup.Result{}, nil, err
+		// The claim's savepoint is behind the reclaim's update: it is
+		// replaced (released, then set again) in the reclaim's round trip,
+		// so that the handler's rollback keeps the reclaim and savepoints
+		// never nest.
+		if attempts, err = s.q.reclaimReset(ctx, tx, rec.id, msg); err != nil {
+			return dedup.Result{}, pend, nil, err
 		}
 	}
 
@@ -306,20 +356,46 @@ func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, c claimRun) (res d
 	// transaction, still holding the record's row lock, so no other copy can
 	// slip in between.
 	msg.Attempt = attempts
-	called := dedup.Result{HandlerCalled: true, Attempts: attempts}
 	herr = runHandler(ctx, tx, msg, c.h)
+	processed := dedup.Result{Outcome: dedup.OutcomeProcessed, Status: dedup.StatusSucceeded, Attempts: attempts, HandlerCalled: true}
 	if herr == nil && c.mode == claimSucceeded && rec == nil {
-		return dedup.Result{Outcome: dedup.OutcomeProcessed, Status: dedup.StatusSucceeded, Attempts: attempts, HandlerCalled: true}, nil, nil
+		return processed, pend, nil, nil
+	}
+	if herr == nil && c.markAtCommit {
+		return processed, pendingMark{rowID: rowID, attempts: attempts}, nil, nil
 	}
 	if herr == nil {
 		err := s.q.markSucceeded(ctx, tx, id, rowID, *s.expiry(dedup.StatusSucceeded))
 		if err == nil {
-			return dedup.Result{Outcome: dedup.OutcomeProcessed, Status: dedup.StatusSucceeded, Attempts: attempts, HandlerCalled: true}, nil, nil
+			return processed, pend, nil, nil
 		}
 		// The handler left the transaction unusable (for example it
 		// swallowed an error and went on): that is a handler failure.
 		herr = fmt.Errorf("idemq: mark succeeded: %w", err)
 	}
+	at := pendingMark{rowID: rowID, attempts: attempts}
+	if conn := tx.Conn(); c.markAtCommit && conn != nil && !conn.IsClosed() {
+		// A connection closed under the handler (its own deadline) cannot
+		// mark: handlerFailed hands the failure to a new transaction.
+		switch handlerFailureClass(ctx, tx, herr) {
+		case dedup.FailureHandler, dedup.FailurePermanent:
+			// Marked with the COMMIT, by the caller (commitClaimedFailure).
+			at.failed = herr
+			return dedup.Result{HandlerCalled: true, Attempts: attempts}, at, nil, nil
+		}
+	}
+	res, herr, err = s.handlerFailed(ctx, tx, c, at, herr)
+	return res, pend, herr, err
+}
+
+// handlerFailed handles herr, a failure of the handler that ran for c on
+// the record at.rowID (its claim counted at.attempts) in tx, as
+// claimAndRunIn documents: outcome unknown (err), transient (herr: retry the
+// whole transaction), or marked in tx after the handler's savepoint is
+// rolled back (res; herr when tx is unusable and the caller must mark in a
+// new transaction).
+func (s *Store) handlerFailed(ctx context.Context, tx pgx.Tx, c claimRun, at pendingMark, herr error) (res dedup.Result, _ error, err error) {
+	called := dedup.Result{HandlerCalled: true, Attempts: at.attempts}
 	switch handlerFailureClass(ctx, tx, herr) {
 	case dedup.FailureOutcomeUnknown:
 		// A shutdown, or the connection lost under the handler, is not the
@@ -335,7 +411,7 @@ func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, c claimRun) (res d
 	if _, err := tx.Exec(ctx, s.q.handlerRollbackSQL); err != nil {
 		return called, herr, nil // transaction unusable: the caller marks in a new one
 	}
-	res, err = s.markClaimedFailed(ctx, tx, claimedFailure{rowID: rowID, attempts: attempts, msg: msg, sum: sum, err: herr})
+	res, err = s.markClaimedFailed(ctx, tx, claimedFailure{rowID: at.rowID, attempts: at.attempts, msg: c.msg, sum: c.sum, err: herr})
 	if err != nil {
 		return called, herr, nil
 	}
@@ -357,6 +433,23 @@ type claimedFailure struct {
 // already counted by the claim) FAILED_RETRYABLE, or FAILED_FINAL with a dead
 // letter when the error is permanent or the attempts are used up.
 func (s *Store) markClaimedFailed(ctx context.Context, tx pgx.Tx, f claimedFailure) (dedup.Result, error) {
+	m, dl, res := s.planClaimedFailure(f)
+	if err := s.q.updateFailed(ctx, tx, m); err != nil {
+		return dedup.Result{}, err
+	}
+	if dl != nil {
+		var err error
+		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, *dl); err != nil {
+			return dedup.Result{}, err
+		}
+	}
+	return res, nil
+}
+
+// planClaimedFailure is what markClaimedFailed writes for f: the record's
+// mark, the dead letter when the failure is final (nil otherwise), and the
+// result (its DeadLetterID still to be filled in).
+func (s *Store) planClaimedFailure(f claimedFailure) (failureMark, *deadLetterRow, dedup.Result) {
 	herr, attempts := f.err, f.attempts
 	status, reason := dedup.StatusFailedRetryable, dedup.ReasonAttemptsExhausted
 	switch {
@@ -365,19 +458,14 @@ func (s *Store) markClaimedFailed(ctx context.Context, tx pgx.Tx, f claimedFailu
 	case attempts >= s.cfg.MaxAttempts:
 		status = dedup.StatusFailedFinal
 	}
-	if err := s.q.updateFailed(ctx, tx, failureMark{rowID: f.rowID, status: status, attempt: attemptCounted, msg: f.msg,
-		errText: clip(herr.Error(), s.cfg.MaxErrorBytes), errClass: dedup.ErrorClass(herr), expirySecs: s.expiry(status)}); err != nil {
-		return dedup.Result{}, err
-	}
+	m := failureMark{rowID: f.rowID, status: status, attempt: attemptCounted, msg: f.msg,
+		errText: clip(herr.Error(), s.cfg.MaxErrorBytes), errClass: dedup.ErrorClass(herr), expirySecs: s.expiry(status)}
 	res := dedup.Result{Outcome: dedup.OutcomeRetry, Status: status, Attempts: attempts, HandlerCalled: true, Err: herr}
-	if status == dedup.StatusFailedFinal {
-		var err error
-		res.Outcome, res.Reason = dedup.OutcomeDeadLetter, reason
-		if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, deadLetterRow{msg: f.msg, sum: f.sum, reason: reason, cause: herr, attempts: attempts}); err != nil {
-			return dedup.Result{}, err
-		}
+	if status != dedup.StatusFailedFinal {
+		return m, nil, res
 	}
-	return res, nil
+	res.Outcome, res.Reason = dedup.OutcomeDeadLetter, reason
+	return m, &deadLetterRow{msg: f.msg, sum: f.sum, reason: reason, cause: herr, attempts: attempts}, res
 }
 
 // claim inserts a PROCESSING (claimSucceeded: SUCCEEDED) record with
@@ -463,7 +551,8 @@ func (s *Store) markFailed(ctx context.Context, f failure) (dedup.Result, error)
 	// A deadlock or serialization failure of the mark is retried at once;
 	// the mark counts its attempt only when it commits.
 	return retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "mark failed "+msg.Identity.String(), dedup.IsTransient, func() (dedup.Result, error) {
-		tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		// BEGIN travels with the mark's claim (lazyTx).
+		tx, err := beginLazy(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 		if err != nil {
 			return dedup.Result{}, fmt.Errorf("idemq: begin mark failed: %w", err)
 		}
