@@ -63,6 +63,22 @@ type bench struct {
 	mu     sync.Mutex
 	topics []string
 	seq    int
+	done   map[string]bool
+}
+
+// once reports whether the setup step named name has not run yet in this
+// run, and marks it run.
+func (b *bench) once(name string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done[name] {
+		return false
+	}
+	if b.done == nil {
+		b.done = map[string]bool{}
+	}
+	b.done[name] = true
+	return true
 }
 
 func randomTag() string {
@@ -418,7 +434,7 @@ func (b *bench) pgSetup(ctx context.Context) (string, []string, error) {
 	if err := b.pool.QueryRow(ctx, `show server_version`).Scan(&version); err != nil {
 		return "", nil, err
 	}
-	rows, err := b.pool.Query(ctx, `select name || '=' || setting || coalesce(unit, '') from pg_settings
+	rows, err := b.pool.Query(ctx, `select name || '=' || current_setting(name) from pg_settings
 		where source <> 'default' and source not in ('client', 'session', 'override')
 		   or name in ('fsync', 'synchronous_commit', 'wal_sync_method', 'full_page_writes', 'wal_level')
 		order by name`)

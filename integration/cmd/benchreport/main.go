@@ -24,23 +24,28 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 )
 
 // config is the command line.
 type config struct {
-	Runs      int           // interleaved runs per row; the median is reported
-	Duration  time.Duration // each timed Postgres run
-	Warmup    time.Duration // each warm-up run
-	KafkaMsgs int           // messages of each Kafka consumption run
-	RelayRows int           // rows of each relay run
-	Repo      string        // the repository root (for `go test ./consumer` and docs/)
-	Out       string        // the markdown file to write ("" : none)
-	Chart     string        // the chart to write, SVG or PNG by extension ("": none)
-	GoBin     string        // the go command
-	Note      string        // a line added to the markdown
+	Runs      int            // interleaved runs per row; the median is reported
+	Duration  time.Duration  // each timed Postgres run
+	Warmup    time.Duration  // each warm-up run
+	KafkaMsgs int            // messages of each Kafka consumption run
+	RelayRows int            // rows of each relay run
+	Repo      string         // the repository root (for `go test ./consumer` and docs/)
+	Out       string         // the markdown file to write ("" : none)
+	Chart     string         // the chart to write, SVG or PNG by extension ("": none)
+	GoBin     string         // the go command
+	Note      string         // a line added to the markdown
+	Only      *regexp.Regexp // rows whose ID matches (nil: all)
+	CPUProf   string         // write the process's CPU profile of the rounds here ("": none)
 }
 
 func main() {
@@ -54,9 +59,24 @@ func main() {
 	flag.StringVar(&cfg.Out, "out", "../docs/benchmarks.md", "markdown report to write (empty: none)")
 	flag.StringVar(&cfg.Chart, "chart", "../docs/benchmarks.svg", "chart to write, .svg or .png (empty: none)")
 	flag.StringVar(&cfg.GoBin, "go", "go", "the go command, for go test -bench F0 ./consumer")
+	flag.StringVar(&cfg.CPUProf, "cpuprofile", "", "write this process's CPU profile of the measured rounds to this file (go tool pprof -top)")
+	verbose := flag.Bool("v", false, "log each run's rate and wall time")
 	flag.StringVar(&cfg.Note, "note", "", "a line added to the markdown report (e.g. the machine's state)")
+	only := flag.String("only", "", "measure only the rooflines and workloads whose ID matches this regular expression (a partial report: targets of the others are not measured)")
 	flag.Parse()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if *only != "" {
+		re, err := regexp.Compile(*only)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport: -only:", err)
+			os.Exit(2)
+		}
+		cfg.Only = re
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	err := run(ctx, cfg, log, os.Stdout)
 	stop()
@@ -105,6 +125,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) er
 		return err
 	}
 
+	rooflines, workloads := rooflines, workloads
+	if cfg.Only != nil {
+		rooflines = slices.DeleteFunc(slices.Clone(rooflines), func(r roofline) bool { return !cfg.Only.MatchString(r.ID) })
+		workloads = slices.DeleteFunc(slices.Clone(workloads), func(w workload) bool { return !cfg.Only.MatchString(w.ID) })
+	}
 	// Setup, then one warm-up run of each, then the interleaved rounds.
 	for _, r := range rooflines {
 		if r.Setup != nil {
@@ -120,6 +145,17 @@ func run(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) er
 			}
 		}
 	}
+	if cfg.CPUProf != "" {
+		f, err := os.Create(cfg.CPUProf)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = f.Close() }()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	roof := make([][]sample, len(rooflines))
 	idemq := make([][]sample, len(workloads))
 	plain := make([][]sample, len(workloads))
@@ -127,19 +163,23 @@ func run(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) er
 		warm := round == 0
 		log.Info("round", "n", round, "warm-up", warm)
 		for i, r := range rooflines {
+			t := time.Now()
 			s, err := r.Run(ctx, b, warm)
 			if err != nil {
 				return fmt.Errorf("roofline %s: %w", r.ID, err)
 			}
+			log.Debug("roofline", "id", r.ID, "msgs/s", int(s.rate()), "took", time.Since(t).Round(time.Millisecond))
 			if !warm {
 				roof[i] = append(roof[i], s)
 			}
 		}
 		for i, w := range workloads {
+			t := time.Now()
 			s, p, err := runWorkload(ctx, b, w, warm)
 			if err != nil {
 				return fmt.Errorf("workload %s: %w", w.ID, err)
 			}
+			log.Debug("workload", "id", w.ID, "msgs/s", int(s.rate()), "took", time.Since(t).Round(time.Millisecond))
 			if !warm {
 				idemq[i] = append(idemq[i], s)
 				if p != nil {
@@ -184,7 +224,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger, stdout io.Writer) er
 		if err != nil || cfg.Chart == "" {
 			rel = cfg.Chart
 		}
-		if err := os.WriteFile(cfg.Out, []byte(markdown(rep, filepath.ToSlash(rel))), 0o600); err != nil {
+		// #nosec G306 -- a document of the repository, readable like the others
+		if err := os.WriteFile(cfg.Out, []byte(markdown(rep, filepath.ToSlash(rel))), 0o644); err != nil {
 			return err
 		}
 	}
