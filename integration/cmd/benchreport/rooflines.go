@@ -123,9 +123,13 @@ func pgbenchRun(script string, conns, msgsPerTx int) func(ctx context.Context, b
 		if err != nil {
 			return sample{}, err
 		}
+		app := "benchreport-pgbench-" + b.tag
 		out, err := runTool(ctx, "", b.pgbench, "-n", "-M", "prepared", "-f", f.Name(), "-c", strconv.Itoa(conns),
-			"-j", strconv.Itoa(min(conns, 4)), "-T", strconv.Itoa(secs), b.dsn)
+			"-j", strconv.Itoa(min(conns, 4)), "-T", strconv.Itoa(secs), withAppName(b.dsn, app))
 		if err != nil {
+			return sample{}, err
+		}
+		if err := b.backendsGone(ctx, app); err != nil {
 			return sample{}, err
 		}
 		after, err := b.wal(ctx)
@@ -141,6 +145,38 @@ func pgbenchRun(script string, conns, msgsPerTx int) func(ctx context.Context, b
 		el := time.Duration(float64(res.Txns) / res.TPS * float64(time.Second))
 		return sample{Msgs: msgs, Elapsed: el, WAL: after.sub(before)}, nil
 	}
+}
+
+// withAppName adds application_name to a connection string (URL or
+// key=value form).
+func withAppName(dsn, app string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		return dsn + sep + "application_name=" + app
+	}
+	return dsn + " application_name=" + app
+}
+
+// backendsGone waits (up to 5s) until the server's backends of application
+// app have exited, and a little longer: a backend reports its WAL counts
+// to pg_stat_wal as it exits, just after it leaves pg_stat_activity.
+func (b *bench) backendsGone(ctx context.Context, app string) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var n int
+		if err := b.pool.QueryRow(ctx, `select count(*) from pg_stat_activity where application_name = $1`, app).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	return nil
 }
 
 // produce writes n messages with message-id headers to topic, untimed.
@@ -209,7 +245,9 @@ func rawKafkaRead(ctx context.Context, b *bench, warm bool) (sample, error) {
 			batch = batch[:0]
 		}
 	}
-	return m.stop(ctx, int64(n), first)
+	s, err := m.stop(ctx, int64(n), first)
+	s.WAL = walDelta{} // no Postgres in it: n/a, not the server's other traffic
+	return s, err
 }
 
 // rawKafkaWrite writes the relay's messages (the same envelopes, batches
@@ -233,5 +271,7 @@ func rawKafkaWrite(ctx context.Context, b *bench, warm bool) (sample, error) {
 			return sample{}, err
 		}
 	}
-	return m.stop(ctx, int64(rows), time.Time{})
+	s, err := m.stop(ctx, int64(rows), time.Time{})
+	s.WAL = walDelta{} // no Postgres in it: n/a, not the server's other traffic
+	return s, err
 }
