@@ -284,9 +284,9 @@ func TestGroupThousands(t *testing.T) {
 
 func TestWithAppName(t *testing.T) {
 	for dsn, want := range map[string]string{
-		"postgres://u:p@h:5432/db?sslmode=disable": "postgres://u:p@h:5432/db?sslmode=disable&application_name=x",
-		"postgresql://u@h/db":                      "postgresql://u@h/db?application_name=x",
-		"host=h dbname=db":                         "host=h dbname=db application_name=x",
+		"postgres://u@h:5432/db?sslmode=disable": "postgres://u@h:5432/db?sslmode=disable&application_name=x",
+		"postgresql://u@h/db":                    "postgresql://u@h/db?application_name=x",
+		"host=h dbname=db":                       "host=h dbname=db application_name=x",
 	} {
 		if got := withAppName(dsn, "x"); got != want {
 			t.Errorf("%s: %q, want %q", dsn, got, want)
