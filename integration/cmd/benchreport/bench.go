@@ -240,6 +240,35 @@ func (w walDelta) sub(before walDelta) walDelta {
 // unreported once idle (PGSTAT_MIN_INTERVAL, 1s, and a margin).
 const walReportDelay = 1100 * time.Millisecond
 
+// flushStats makes the pool's connections report their WAL counts to
+// pg_stat_wal, so that a run's snapshot holds all of it and the next run's
+// nothing of it. A backend reports when it goes idle, at most once per
+// second, unless pg_stat_force_next_flush() (PostgreSQL 15) asked it to at
+// once; on older servers, or when the function is refused, this waits the
+// second out.
+func (b *bench) flushStats(ctx context.Context) error {
+	if b.pgMajor >= 15 {
+		conns := b.pool.AcquireAllIdle(ctx)
+		var err error
+		for _, c := range conns {
+			if err == nil {
+				_, err = c.Exec(ctx, `select pg_stat_force_next_flush()`)
+			}
+			c.Release()
+		}
+		if err == nil {
+			return nil
+		}
+		b.log.Debug("pg_stat_force_next_flush", "err", err)
+	}
+	select {
+	case <-time.After(walReportDelay):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // meter takes the WAL and allocation counts around a timed part.
 type meter struct {
 	b     *bench
@@ -265,15 +294,9 @@ func (m *meter) stop(ctx context.Context, msgs int64, since time.Time) (sample, 
 	end := time.Now()
 	var mem runtime.MemStats
 	runtime.ReadMemStats(&mem)
-	// A backend reports its WAL counts when it goes idle, at most once per
-	// second (PostgreSQL 15's PGSTAT_MIN_INTERVAL): wait that out, so that
-	// the pool's connections have reported the run before the snapshot,
-	// and nothing of it reaches the next run's.
 	if m.wal.OK {
-		select {
-		case <-time.After(walReportDelay):
-		case <-ctx.Done():
-			return sample{}, ctx.Err()
+		if err := m.b.flushStats(ctx); err != nil {
+			return sample{}, err
 		}
 	}
 	w, err := m.b.wal(ctx)
