@@ -86,7 +86,7 @@ drill-rocketmq: services-up ## RocketMQ SIGKILL backlog drill, push vs pull: N m
 # `make bench` is the proof of idemq's throughput: integration/cmd/benchreport measures, in one run,
 # the rooflines (pgbench on tables of idemq's row shapes, pg_test_fsync, raw kafka-go) and the same
 # workloads through idemq, prints the table with the ratios and the targets, and rewrites
-# docs/benchmarks.md and docs/benchmarks.svg. About 7 minutes on 2 cores; BENCH_ARGS passes flags
+# docs/benchmarks.md and docs/benchmarks.svg. About 5 minutes on 2 cores, plus the first build; BENCH_ARGS passes flags
 # (see `go run ./cmd/benchreport -h` in integration/, e.g. BENCH_ARGS='-runs 5').
 BENCH_ARGS ?=
 
