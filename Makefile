@@ -84,8 +84,19 @@ DRILL_ARGS ?=
 drill-rocketmq: services-up ## RocketMQ SIGKILL backlog drill, push vs pull: N messages, 2 consumer processes, K kills, graceful stop; prints deliveries/message, duplicates, lag (DRILL_MESSAGES, DRILL_KILLS)
 	$(ENV); $(GO) run ./examples/rocketmq-drill run $(DRILL_ARGS)
 
+# `make bench` is the proof of idemq's throughput: integration/cmd/benchreport measures, in one run,
+# the rooflines (pgbench on tables of idemq's row shapes, pg_test_fsync, raw kafka-go) and the same
+# workloads through idemq, prints the table with the ratios and the targets, and rewrites
+# docs/benchmarks.md and docs/benchmarks.svg. About 5 minutes on 2 cores, plus the first build; BENCH_ARGS passes flags
+# (see `go run ./cmd/benchreport -h` in integration/, e.g. BENCH_ARGS='-runs 5').
+BENCH_ARGS ?=
+
 .PHONY: bench
-bench: services-up ## benchmarks against ceilings measured in the same run: dedup overhead vs a plain transaction, crash-loop markers on vs off, Redis down vs Postgres only, batched mode 100/tx (unique, duplicates from Redis), the Redis-only store vs SET NX, relay vs a raw producer
+bench: services-up ## the benchmark report: idemq beside pgbench / kafka-go rooflines measured in the same run (ratios, WAL syncs, allocations, added latency, targets); rewrites docs/benchmarks.md (BENCH_ARGS)
+	$(ENV); cd integration && $(GO) run ./cmd/benchreport -go "$(GO)" $(BENCH_ARGS)
+
+.PHONY: bench-go
+bench-go: services-up ## the go test benchmarks of the integration module: dedup overhead vs a plain transaction, crash-loop markers on vs off, Redis down vs Postgres only, batched 100/tx, the Redis-only store vs SET NX, relay vs a raw producer
 	$(ENV); cd integration && \
 	  $(GO) test -run '^$$' -bench DedupOverhead -benchtime 2000x -count 1 . && \
 	  $(GO) test -run '^$$' -bench CrashLoopOverhead -benchtime 2000x -count 1 . && \

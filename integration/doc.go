@@ -193,4 +193,12 @@
 // the tests (internal/faultproxy, shared with dedup/pgstore's tests) loses
 // one reply of the real Redis and closes the connection, for S18 and for
 // the fast path's Remember (TestRedisFastPathRememberReplyLost).
+//
+// # Benchmarks
+//
+// cmd/benchreport is `make bench`: idemq's workloads beside rooflines measured
+// in the same run (pgbench on tables of idemq's row shapes, pg_test_fsync, raw
+// kafka-go), with the issue's targets as a checklist; it writes
+// docs/benchmarks.md. The Benchmark functions of this package are `make
+// bench-go`.
 package integration
