@@ -223,7 +223,7 @@ func TestTargets(t *testing.T) {
 		t.Errorf("detail %q", d)
 	}
 	// The targets name rows and rooflines that exist.
-	ids := map[string]bool{"batch-set-4": true} // to come with BatchHandler (see workloads)
+	ids := map[string]bool{}
 	for _, w := range workloads {
 		ids[w.ID] = true
 		ids[w.Roofline] = true

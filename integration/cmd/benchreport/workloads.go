@@ -40,23 +40,16 @@ type workload struct {
 // batch is the batched workloads' messages per transaction.
 const batch = 100
 
-// workloads is the table of idemq workloads.
-//
-// Batched mode with a pgstore.BatchHandler (Store.ProcessBatchSet, built on
-// branch roofline-set) goes here as one more entry once it is on main:
-//
-//	{ID: "batch-set-4", Name: "batched, BatchHandler (ProcessBatchSet)", Lanes: 4, Roofline: "pg-pipe100-4",
-//		Op: batchSetOp, Plain: plainBatch},
-//
-// with batchSetOp calling b.store.ProcessBatchSet with a handler that inserts
-// the new messages' business rows in one unnest insert. The first target
-// reads its row by that ID.
+// workloads is the table of idemq workloads. The first target reads the
+// BatchHandler row by its ID (batch-set-4).
 var workloads = []workload{
 	{ID: "per-message-1", Name: "per-message (Store.Process)", Lanes: 1, Roofline: "pg-tx-1", Op: processNew, Plain: plainTx},
 	{ID: "per-message-8", Name: "per-message (Store.Process)", Lanes: 8, Roofline: "pg-tx-8", Op: processNew, Plain: plainTx},
 	{ID: "per-message-32", Name: "per-message (Store.Process)", Lanes: 32, Roofline: "pg-tx-32", Op: processNew, Plain: plainTx},
 	{ID: "batched-1", Name: "batched 100/tx, per-message Handler (ProcessBatch)", Lanes: 1, Roofline: "pg-batch100-1", Op: batchNew, Plain: plainBatch},
 	{ID: "batched-4", Name: "batched 100/tx, per-message Handler (ProcessBatch)", Lanes: 4, Roofline: "pg-pipe100-4", Op: batchNew, Plain: plainBatch},
+	{ID: "batch-set-1", Name: "batched 100/tx, BatchHandler (ProcessBatchSet)", Lanes: 1, Roofline: "pg-batch100-1", Op: batchSetNew, Plain: plainBatchSet},
+	{ID: "batch-set-4", Name: "batched 100/tx, BatchHandler (ProcessBatchSet)", Lanes: 4, Roofline: "pg-pipe100-4", Op: batchSetNew, Plain: plainBatchSet},
 	{ID: "dup-pg-1", Name: "duplicates, Postgres only (Process)", Lanes: 1, Roofline: "pg-dup-1", Setup: loadDups, Op: dupOne(false), Plain: plainDupOne},
 	{ID: "dup-redis-1", Name: "duplicates, Redis fast path (Process)", Lanes: 1, Roofline: "pg-dup-1", Setup: loadDups, Op: dupOne(true), Plain: plainDupOne},
 	{ID: "dup-pg-batch100-1", Name: "duplicates, Postgres only, batched 100 (ProcessBatch)", Lanes: 1, Roofline: "pg-dup100-1", Setup: loadDups, Op: dupBatch(false), Plain: plainDupBatch},
@@ -133,6 +126,43 @@ func batchNew(b *bench) laneOp {
 			return 0, err
 		}
 		return batch, wantAll(res, dedup.OutcomeProcessed)
+	}
+}
+
+// batchHandler is the set-based handler: the new messages' business rows
+// in one unnest insert.
+func (b *bench) batchHandler(ctx context.Context, tx pgx.Tx, msgs []*dedup.Message) error {
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.Identity.MessageID
+	}
+	_, err := tx.Exec(ctx, `insert into `+table(b.idemqSch, "payments")+` (payment_id, amount) select id, 100 from unnest($1::text[]) id`, ids)
+	return err
+}
+
+func batchSetNew(b *bench) laneOp {
+	return func(ctx context.Context, c call) (int, error) {
+		msgs, err := batchMsgs(c.Key, batch, nil)
+		if err != nil {
+			return 0, err
+		}
+		res, err := b.store.ProcessBatchSet(ctx, msgs, b.batchHandler)
+		if err != nil {
+			return 0, err
+		}
+		return batch, wantAll(res, dedup.OutcomeProcessed)
+	}
+}
+
+// plainBatchSet is batchSetNew's handler in a plain transaction: the same
+// unnest insert.
+func plainBatchSet(b *bench) laneOp {
+	return func(ctx context.Context, c call) (int, error) {
+		msgs, err := batchMsgs(c.Key, batch, nil)
+		if err != nil {
+			return 0, err
+		}
+		return batch, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return b.batchHandler(ctx, tx, msgs) })
 	}
 }
 
