@@ -188,6 +188,14 @@ func TestCLIHTTPScopes(t *testing.T) {
 		t.Fatalf("inspect -show-body: %+v", in.HTTP)
 	}
 
+	// A key as sent, even one that a message ID could not be ("sha256:…",
+	// the prefix of hashed message IDs, is a valid Idempotency-Key).
+	st, _ = post("/payments", "sha256:k2", `{"amount":"20.00"}`)
+	wantStatus("payment with key sha256:k2", st, http.StatusCreated)
+	if in = inspect(append(httpFlags("POST /payments"), "-message-id", "sha256:k2")...); in.MessageID != "sha256:k2" || in.Status != dedup.StatusSucceeded || in.HTTP == nil {
+		t.Fatalf("inspect sha256:k2: %+v", in)
+	}
+
 	// A sealed response: its key ID, never its body, not even with -show-body.
 	out, errOut, code := idemq(append([]string{"inspect"}, append(httpFlags("POST /cards"), "-message-id", "C1", "-show-body")...)...)
 	if code != 0 || strings.Contains(out, secret) || strings.Contains(out, `"body"`) || !strings.Contains(errOut, "sealed (key k-2026)") {
@@ -256,7 +264,7 @@ func TestCLIHTTPScopes(t *testing.T) {
 		}
 	}
 
-	// purge: the three SUCCEEDED requests have expired (their expiry moved
+	// purge: the four SUCCEEDED requests have expired (their expiry moved
 	// into the past: the store's shortest retention is a minute); they go,
 	// and their stored responses with them.
 	httpTable := e.table("consumption_records_http")
@@ -276,13 +284,13 @@ func TestCLIHTTPScopes(t *testing.T) {
 			err = rows.Err()
 		}
 	}
-	if err != nil || len(ids) != 3 {
+	if err != nil || len(ids) != 4 {
 		t.Fatalf("expire the HTTP records: %v (%d rows)", err, len(ids))
 	}
-	if n := e.count(`select count(*) from `+httpTable+` where record_id = any($1)`, ids); n != 3 {
-		t.Fatalf("%d stored-response rows of the expired records before purge, want 3", n)
+	if n := e.count(`select count(*) from `+httpTable+` where record_id = any($1)`, ids); n != 4 {
+		t.Fatalf("%d stored-response rows of the expired records before purge, want 4", n)
 	}
-	if out, errOut, code := idemq("purge"); code != 0 || !strings.Contains(out, "purged 3 expired records") {
+	if out, errOut, code := idemq("purge"); code != 0 || !strings.Contains(out, "purged 4 expired records") {
 		t.Fatalf("purge: exit %d\n%s%s", code, out, errOut)
 	}
 	if n := e.count(`select count(*) from `+httpTable+` where record_id = any($1)`, ids); n != 0 {
