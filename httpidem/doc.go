@@ -172,9 +172,14 @@
 //
 // # Operations
 //
-// HTTP records are consumption records: `idemq inspect -scope <Scope(…)>
-// -id <key>` shows one, `idemq dead-letters` lists conflicts and exhausted
-// keys, `idemq purge` removes expired ones with their stored responses.
+// HTTP records are consumption records: `idemq inspect -http-tenant T
+// -http-principal P -http-method M -http-route R -message-id <key>` shows
+// one with its stored response (the scope composed by Scope; the body only
+// with -show-body, never a sealed one: DescribeStoredResponse), `idemq
+// dead-letters -scope-prefix 'http|'` (ScopePrefix) lists conflicts and
+// exhausted keys, `idemq redrive` takes the same flags, and `idemq purge`
+// removes expired records, their stored responses with them (ON DELETE
+// CASCADE).
 // NewMetrics counts outcomes for Prometheus (idemq_http_requests_total);
 // with Config.TracerProvider the middleware starts a server span with the
 // HTTP semantic-convention attributes (http.request.method, http.route,

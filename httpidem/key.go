@@ -50,8 +50,10 @@ const scopePrefix = "http|"
 // '|' appears only as the separator ('%' → "%25", '|' → "%7C"), which
 // makes the mapping injective: two different (tenant, principal, method,
 // route) never share a scope. A scope longer than 255 bytes (or not valid
-// UTF-8) becomes "http|sha256:<64 hex digits>" of the long form. Use it
-// to find a request's record: `idemq inspect -scope '<Scope(...)>' -id <key>`.
+// UTF-8) becomes "http|sha256:<64 hex digits>" of the long form. The CLI
+// composes it from its parts to find a request's record: `idemq inspect
+// -http-tenant T -http-principal P -http-method M -http-route R
+// -message-id <key>` (or -scope with its result).
 func Scope(tenant, principal, method, route string) string {
 	s := scopePrefix + escapePart(tenant) + "|" + escapePart(principal) + "|" + escapePart(method) + "|" + escapePart(route)
 	if len(s) > MaxKeyBytes || !validUTF8NoNUL(s) {

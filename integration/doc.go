@@ -63,7 +63,10 @@
 // (TestKafkaBadInput), retries through the real %RETRY% topic, batched mode,
 // the outbox relay under load and broker outages, metrics, tracing and the
 // CLI (`idemq relay -once` drains the outbox and exits:
-// TestCLIRelayOnceDrains). Conflicts carry the reason of their kind in every mode and store
+// TestCLIRelayOnceDrains; HTTP requests served through httpidem named by
+// their parts in inspect, dead-letters and redrive, their stored responses
+// described without a sealed body, and purged with their records:
+// TestCLIHTTPScopes). Conflicts carry the reason of their kind in every mode and store
 // (TestConflictReasons); a re-driven bad_input record runs its next copy
 // (TestRedrivenBadInputRuns); a message-ID collision's dead letter is
 // re-driven as a new message with the CLI on Kafka and RocketMQ, once,

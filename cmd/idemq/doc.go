@@ -2,7 +2,7 @@
 //
 //	idemq migrate [flags]           create or upgrade the consumption-record and dead-letter tables
 //	idemq inspect [flags]           show the consumption record of a message ID or business key
-//	idemq dead-letters [flags]      list the dead letters of a scope
+//	idemq dead-letters [flags]      list the dead letters of a scope (or of a scope prefix)
 //	idemq redrive [flags]           make a FAILED_FINAL record retryable again (-message-id),
 //	                                or publish a conflict's dead letter as a new message (-as-new -id N)
 //	idemq purge [flags]             delete expired consumption records
@@ -21,6 +21,13 @@
 // (and -redis-prefix, default "idemq"). redrive -as-new writes an audit row
 // and publishes the dead letter under the message ID
 // "<message ID>#redrive-<id>" to -broker kafka (-kafka-brokers) or rocketmq
-// (-rocketmq-namesrv); a payload conflict needs -force. Run
+// (-rocketmq-namesrv); a payload conflict needs -force. inspect,
+// dead-letters and redrive name an HTTP request's scope (package httpidem)
+// with -http-tenant, -http-principal, -http-method and -http-route instead
+// of -scope (composed with httpidem.Scope), its Idempotency-Key being the
+// -message-id; inspect then adds the stored response's status, sealing,
+// size and canonicalization version (its body only with -show-body, never
+// a sealed one), and dead-letters -scope-prefix 'http|' lists the dead
+// letters of every HTTP request. Run
 // `idemq <command> -h` for the flags of a command.
 package main

@@ -145,14 +145,23 @@ func runInspect(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	var f storeFlags
 	f.register(fs)
-	scope := fs.String("scope", "", "scope (consumer group)")
-	msgID := fs.String("message-id", "", "message ID (or use -business-key)")
+	var sf scopeFlags
+	sf.register(fs)
+	msgID := fs.String("message-id", "", "message ID, or an HTTP request's Idempotency-Key (or use -business-key)")
 	bk := fs.String("business-key", "", "business key")
-	if err := parse(fs, args, map[string]*string{"scope": scope}); err != nil {
+	showBody := fs.Bool("show-body", false, "HTTP request: also print the stored response body (never a sealed one)")
+	if err := parse(fs, args, nil); err != nil {
+		return err
+	}
+	scope, err := sf.resolve(fs, &f, false)
+	if err != nil {
 		return err
 	}
 	if (*msgID == "") == (*bk == "") {
 		return errors.New("inspect: give exactly one of -message-id and -business-key")
+	}
+	if *msgID != "" && f.redisURL == "" && isHTTPScope(scope) {
+		return inspectHTTP(ctx, &f, scope, *msgID, *showBody)
 	}
 	st, closeStore, err := f.admin(ctx)
 	if err != nil {
@@ -161,9 +170,9 @@ func runInspect(ctx context.Context, args []string) error {
 	defer closeStore()
 	var r dedup.Record
 	if *msgID != "" {
-		r, err = st.Lookup(ctx, *scope, *msgID)
+		r, err = st.Lookup(ctx, scope, *msgID)
 	} else {
-		r, err = st.LookupBusinessKey(ctx, *scope, *bk)
+		r, err = st.LookupBusinessKey(ctx, scope, *bk)
 	}
 	if err != nil {
 		return err
@@ -177,18 +186,36 @@ func runDeadLetters(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("dead-letters", flag.ContinueOnError)
 	var f storeFlags
 	f.register(fs)
-	scope := fs.String("scope", "", "scope (consumer group)")
+	var sf scopeFlags
+	sf.register(fs)
+	prefix := fs.String("scope-prefix", "", "list the dead letters of every scope starting with this instead of one -scope, e.g. 'http|' for all HTTP requests (Postgres only)")
 	after := fs.Int64("after", 0, "list dead letters with an id above this")
 	limit := fs.Int("limit", 100, "at most this many rows")
-	if err := parse(fs, args, map[string]*string{"scope": scope}); err != nil {
+	if err := parse(fs, args, nil); err != nil {
 		return err
+	}
+	scope, err := sf.resolve(fs, &f, *prefix != "")
+	if err != nil {
+		return err
+	}
+	if *prefix != "" && scope != "" {
+		return errors.New("dead-letters: give -scope-prefix or a scope (-scope, -http-*), not both")
 	}
 	st, closeStore, err := f.admin(ctx)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
-	dls, err := st.DeadLetters(ctx, *scope, *after, *limit)
+	var dls []dedup.DeadLetter
+	if *prefix != "" {
+		pl, ok := st.(prefixLister)
+		if !ok {
+			return errors.New("dead-letters: -scope-prefix is not for a Redis-only store (-redis): give its -scope")
+		}
+		dls, err = pl.DeadLettersByScopePrefix(ctx, *prefix, *after, *limit)
+	} else {
+		dls, err = st.DeadLetters(ctx, scope, *after, *limit)
+	}
 	if err != nil {
 		return err
 	}
@@ -196,13 +223,21 @@ func runDeadLetters(ctx context.Context, args []string) error {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	// REDRIVEN is "true" once the record was re-driven in place (redrive
 	// -message-id), or "as <derived message ID>" after redrive -as-new.
-	_, _ = fmt.Fprintln(w, "ID\tMESSAGE ID\tBUSINESS KEY\tREASON\tATTEMPTS\tREDRIVEN\tERROR")
+	// SCOPE is listed with -scope-prefix only (else it is the one given).
+	head, scopeCol := "ID\tMESSAGE ID\tBUSINESS KEY\tREASON\tATTEMPTS\tREDRIVEN\tERROR", ""
+	if *prefix != "" {
+		head = "ID\tSCOPE\tMESSAGE ID\tBUSINESS KEY\tREASON\tATTEMPTS\tREDRIVEN\tERROR"
+	}
+	_, _ = fmt.Fprintln(w, head)
 	for _, d := range dls {
 		redriven := fmt.Sprint(d.RedrivenAt != nil)
 		if d.RedrivenAs != "" {
 			redriven = "as " + d.RedrivenAs
 		}
-		_, _ = fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%.80s\n", d.ID, d.MessageID, d.BusinessKey, d.Reason, d.Attempts, redriven, d.Error)
+		if *prefix != "" {
+			scopeCol = d.Scope + "\t"
+		}
+		_, _ = fmt.Fprintf(w, "%d\t%s%s\t%s\t%s\t%d\t%s\t%.80s\n", d.ID, scopeCol, d.MessageID, d.BusinessKey, d.Reason, d.Attempts, redriven, d.Error)
 	}
 	return w.Flush()
 }
@@ -211,18 +246,23 @@ func runRedrive(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("redrive", flag.ContinueOnError)
 	var f storeFlags
 	f.register(fs)
-	scope := fs.String("scope", "", "scope (consumer group)")
-	msgID := fs.String("message-id", "", "message ID of the FAILED_FINAL record (not with -as-new)")
+	var sf scopeFlags
+	sf.register(fs)
+	msgID := fs.String("message-id", "", "message ID (an HTTP request's Idempotency-Key) of the FAILED_FINAL record (not with -as-new)")
 	var an asNewFlags
 	an.register(fs)
-	if err := parse(fs, args, map[string]*string{"scope": scope}); err != nil {
+	if err := parse(fs, args, nil); err != nil {
+		return err
+	}
+	scope, err := sf.resolve(fs, &f, false)
+	if err != nil {
 		return err
 	}
 	if an.asNew {
 		if *msgID != "" {
 			return errors.New("redrive: -as-new re-drives one dead letter: give its -id (see idemq dead-letters), not -message-id")
 		}
-		return an.run(ctx, &f, *scope)
+		return an.run(ctx, &f, scope)
 	}
 	if *msgID == "" {
 		return errors.New("redrive: -message-id is required (or -as-new -id N for a conflict's dead letter)")
@@ -232,10 +272,10 @@ func runRedrive(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
-	if err := st.Redrive(ctx, *scope, *msgID); err != nil {
+	if err := st.Redrive(ctx, scope, *msgID); err != nil {
 		return err
 	}
-	fmt.Printf("%s/%s is FAILED_RETRYABLE: its next delivery runs the handler again\n", *scope, *msgID)
+	fmt.Printf("%s/%s is FAILED_RETRYABLE: its next delivery runs the handler again\n", scope, *msgID)
 	return nil
 }
 

@@ -12,20 +12,21 @@ import (
 // Lookup returns the record of (scope, message ID) (key is normalized with
 // NormalizeKey first), or ErrNotFound.
 func (s *Store) Lookup(ctx context.Context, scope, messageID string) (dedup.Record, error) {
-	return s.lookup(ctx, s.q.lookupByMessageIDSQL, scope, messageID)
+	return s.lookup(ctx, s.q.lookupByMessageIDSQL, scope, dedup.NormalizeKey(messageID))
 }
 
 // LookupBusinessKey returns the record of (scope, business key), or ErrNotFound.
 func (s *Store) LookupBusinessKey(ctx context.Context, scope, businessKey string) (dedup.Record, error) {
-	return s.lookup(ctx, s.q.lookupByBusinessKeySQL, scope, businessKey)
+	return s.lookup(ctx, s.q.lookupByBusinessKeySQL, scope, dedup.NormalizeKey(businessKey))
 }
 
-// lookup runs query (lookup_by_message_id or lookup_by_business_key).
+// lookup runs query (lookup_by_message_id or lookup_by_business_key) with
+// key as stored (the callers normalize it).
 func (s *Store) lookup(ctx context.Context, query, scope, key string) (dedup.Record, error) {
 	var r dedup.Record
 	var status string
 	var lastErr, lastClass *string
-	err := s.pool.QueryRow(ctx, query, scope, dedup.NormalizeKey(key)).
+	err := s.pool.QueryRow(ctx, query, scope, key).
 		Scan(&r.Scope, &r.MessageID, &r.BusinessKey, &r.Fingerprint, &r.FingerprintKeyID, &status, &r.Attempts,
 			&lastErr, &lastClass, &r.Fence, &r.Source, &r.ReconsumeTimes, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -48,13 +49,19 @@ func (s *Store) lookup(ctx context.Context, query, scope, key string) (dedup.Rec
 // rows (1 to 10000; 0 means 100), starting after id afterID (0 for the start),
 // each with RedrivenAs when RedriveAsNew re-drove it.
 func (s *Store) DeadLetters(ctx context.Context, scope string, afterID int64, limit int) ([]dedup.DeadLetter, error) {
+	return s.listDeadLetters(ctx, s.q.deadLettersListSQL, scope, afterID, limit)
+}
+
+// listDeadLetters runs query (dead_letters_list or dead_letters_prefix)
+// with the scope or prefix, as DeadLetters says.
+func (s *Store) listDeadLetters(ctx context.Context, query, scope string, afterID int64, limit int) ([]dedup.DeadLetter, error) {
 	if limit <= 0 {
 		limit = 100
 	}
 	if limit > 10000 {
 		return nil, fmt.Errorf("idemq: dead letters: limit %d above 10000", limit)
 	}
-	rows, err := s.pool.Query(ctx, s.q.deadLettersListSQL, scope, afterID, limit)
+	rows, err := s.pool.Query(ctx, query, scope, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("idemq: dead letters: %w", err)
 	}

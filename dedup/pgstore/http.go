@@ -34,7 +34,7 @@ type HTTPStore struct {
 	s *Store
 
 	lockTimeoutSQL, lockTimeoutResetSQL, keyLockSQL, keyTryLockSQL, unfinishedCountSQL, readSQL, upsertSQL, recordIDSQL, storedByIdentitySQL,
-	upsertLeasedSQL string
+	upsertLeasedSQL, inspectSQL string
 }
 
 // NewHTTPStore returns the HTTPStore of s. It fails only when the code and
@@ -55,6 +55,7 @@ func NewHTTPStore(s *Store) (*HTTPStore, error) {
 		"http_record_id":          &h.recordIDSQL,
 		"http_stored_by_identity": &h.storedByIdentitySQL,
 		"http_upsert_leased":      &h.upsertLeasedSQL,
+		"http_inspect":            &h.inspectSQL,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("idemq: http statements: %w", err)

@@ -42,7 +42,7 @@ type queries struct {
 	laneWatermarkAdvanceSQL, replayPeekSQL, startMarkInsertSQL, startMarkLockSQL, startMarkSetSQL,
 	startMarkClearSQL, recordExhaustLostSQL string
 	// admin.sql
-	lookupByMessageIDSQL, lookupByBusinessKeySQL, deadLettersListSQL, redriveRecordSQL, redriveRecordStatusSQL,
+	lookupByMessageIDSQL, lookupByBusinessKeySQL, deadLettersListSQL, deadLettersPrefixSQL, redriveRecordSQL, redriveRecordStatusSQL,
 	redriveDeadLettersSQL, purgeBoundSQL, purgeSQL, deadLetterLockSQL, businessKeyHolderSQL, redriveAuditInsertSQL,
 	redriveAuditGetSQL, redriveAuditPublishedSQL string
 }
@@ -119,6 +119,7 @@ func newQueries(cfg Config) (queries, error) {
 		"lookup_by_message_id":    &q.lookupByMessageIDSQL,
 		"lookup_by_business_key":  &q.lookupByBusinessKeySQL,
 		"dead_letters_list":       &q.deadLettersListSQL,
+		"dead_letters_prefix":     &q.deadLettersPrefixSQL,
 		"redrive_record":          &q.redriveRecordSQL,
 		"redrive_record_status":   &q.redriveRecordStatusSQL,
 		"redrive_dead_letters":    &q.redriveDeadLettersSQL,

@@ -21,6 +21,16 @@ select d.id, d.scope, d.message_id, d.business_key, d.reason, d.error, d.error_c
 from {{.dead_letters}} d left join {{.redrives}} r on r.dead_letter_id = d.id
 where d.scope = $1 and d.id > $2 order by d.id limit $3;
 
+-- name: dead_letters_prefix
+-- dead_letters_list over every scope that starts with $1 (e.g. 'http|', the
+-- scopes of HTTP requests): a walk of the primary key from $2 that skips the
+-- other scopes' rows (an operator's listing, not a hot path).
+select d.id, d.scope, d.message_id, d.business_key, d.reason, d.error, d.error_class,
+  d.attempts, d.topic, d.message_key, d.payload, d.headers, d.source, d.created_at, d.redriven_at,
+  coalesce(r.new_message_id, '')
+from {{.dead_letters}} d left join {{.redrives}} r on r.dead_letter_id = d.id
+where starts_with(d.scope, $1) and d.id > $2 order by d.id limit $3;
+
 -- name: redrive_record
 update {{.records}}
 set status = 'FAILED_RETRYABLE', expires_at = null, updated_at = now()
