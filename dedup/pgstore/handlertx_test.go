@@ -37,25 +37,25 @@ func TestBatchHandlerSavepointWithFirstStatement(t *testing.T) {
 	}
 	errRejected := dedup.Permanent(errors.New("rejected"))
 	handlers := map[string]Handler{
-		"ok-0": func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error { return insert(ctx, tx, "ok-0") },
-		"ok-1": func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error { return insert(ctx, tx, "ok-1") },
+		"ok-0": func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error { return insert(ctx, tx, "ok-0") },
+		"ok-1": func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error { return insert(ctx, tx, "ok-1") },
 		// Right after ok-1's write: rolling back to ok-1's savepoint would
 		// lose ok-1's row.
 		"fail-before": func(context.Context, pgx.Tx, *dedup.Message) error { return errRejected },
-		"fail-after-write": func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		"fail-after-write": func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			if err := insert(ctx, tx, "fail-after-write"); err != nil {
 				return err
 			}
 			return errRejected
 		},
-		"fail-first-statement": func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		"fail-first-statement": func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			return dedup.Permanent(insert(ctx, tx, "ok-0")) // a unique violation
 		},
-		"no-args": func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		"no-args": func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			_, err := tx.Exec(ctx, `insert into `+tbl+` values ('no-args-a'); insert into `+tbl+` values ('no-args-b')`)
 			return err
 		},
-		"query": func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		"query": func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			rows, err := tx.Query(ctx, `select $1::text || '-' || g from generate_series(1, 2) g`, "query")
 			if err != nil {
 				return err
@@ -71,24 +71,24 @@ func TestBatchHandlerSavepointWithFirstStatement(t *testing.T) {
 			}
 			return nil
 		},
-		"query-row": func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		"query-row": func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			var k string
 			if err := tx.QueryRow(ctx, ins+` returning k`, "query-row").Scan(&k); err != nil || k != "query-row" {
 				return errors.Join(err, errors.New("query-row: "+k))
 			}
 			return nil
 		},
-		"send-batch": func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		"send-batch": func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			b := &pgx.Batch{}
 			b.Queue(ins, "send-batch-a")
 			b.Queue(ins, "send-batch-b")
 			return tx.SendBatch(ctx, b).Close()
 		},
-		"copy": func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		"copy": func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			_, err := tx.CopyFrom(ctx, pgx.Identifier{e.biz, "sp_rows"}, []string{"k"}, pgx.CopyFromRows([][]any{{"copy-a"}, {"copy-b"}}))
 			return err
 		},
-		"nested": func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		"nested": func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			kept, err := tx.Begin(ctx)
 			if err != nil {
 				return err
@@ -108,7 +108,7 @@ func TestBatchHandlerSavepointWithFirstStatement(t *testing.T) {
 			}
 			return undone.Rollback(ctx)
 		},
-		"nested-fail": func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		"nested-fail": func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			inner, err := tx.Begin(ctx)
 			if err != nil {
 				return err
@@ -122,9 +122,9 @@ func TestBatchHandlerSavepointWithFirstStatement(t *testing.T) {
 			return errRejected // its nested write goes with the handler's savepoint
 		},
 		"nothing": func(context.Context, pgx.Tx, *dedup.Message) error { return nil },
-		"ok-2":    func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error { return insert(ctx, tx, "ok-2") },
+		"ok-2":    func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error { return insert(ctx, tx, "ok-2") },
 		// Last: its retryable failure stops the batch.
-		"left-aborted": func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		"left-aborted": func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
 			_, _ = tx.Exec(ctx, `select 1/$1::int`, 0)
 			return nil
 		},
