@@ -241,3 +241,35 @@ func TestBatchHandlerStatementFailsBeforeSavepoint(t *testing.T) {
 		t.Errorf("business rows = %d, want 4", got)
 	}
 }
+
+// Counted on the wire (tripConn): a batch of n new messages whose Handler
+// sends one statement costs n + 3 round trips — BEGIN, the claim (with the
+// first savepoint), one per handler statement (each carrying the release of
+// the previous savepoint and the next one), COMMIT. Before the savepoint
+// rode with the handler's statement it was 2n + 2.
+func TestBatchHandlerRoundTripsOnTheWire(t *testing.T) {
+	e := newEnv(t, nil)
+	tbl := e.table("sp_wire")
+	e.exec(`create table ` + tbl + ` (k text primary key)`)
+	st, trips := e.tripStore(nil)
+	h := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+		_, err := tx.Exec(ctx, `insert into `+tbl+` values ($1)`, m.Identity.MessageID)
+		return err
+	}
+	const n = 50
+	for i, prefix := range []string{"warm", "count"} { // the first fills pgx's statement cache
+		before := trips.Load()
+		res, err := st.ProcessBatch(e.ctx, e.batchOf(prefix, n), h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, r := range res {
+			if r.Outcome != dedup.OutcomeProcessed {
+				t.Fatalf("%s: result %d = %+v", prefix, j, r)
+			}
+		}
+		if got := trips.Load() - before; i == 1 && got != n+3 {
+			t.Fatalf("%d round trips for a batch of %d new messages, want %d (n + 3)", got, n, n+3)
+		}
+	}
+}
