@@ -333,7 +333,8 @@ func (r *setRun) answer(ctx context.Context, i int, rec *setRecord) (dedup.Resul
 
 // runEach is ProcessBatch's part of a try: each message in order; a new
 // one's handler runs after a savepoint (set with the claim for the first,
-// then released and set again in one round trip, so they never nest), and
+// then released and set again with the handler's first statement, so they
+// never nest and cost no round trip of their own), and
 // its failure is rolled back to it and marked on the record; a duplicate of
 // a terminal record is answered from the claim's read (no savepoint, no
 // write); any other message (a record to retry, being processed, or changed
@@ -391,41 +392,53 @@ func txAborted(tx pgx.Tx) bool {
 }
 
 // runNew runs h for msgs[i], which inserted rec (SUCCEEDED, attempts 1), with
-// claimAndRunIn's contract: the handler runs after a fresh savepoint; when
-// it fails, its writes roll back alone and rec is marked FAILED_RETRYABLE
+// claimAndRunIn's contract: the handler runs after a fresh savepoint (sent
+// with its first statement: savepointTx); when it fails, its writes roll
+// back alone and rec is marked FAILED_RETRYABLE
 // or FAILED_FINAL (+ dead letter) in the same transaction. herr is set when
 // the failure is transient or could not be marked (transaction unusable).
 func (r *setRun) runNew(ctx context.Context, i int, rec *setRecord, h Handler) (res dedup.Result, herr, err error) {
 	m, tx := r.msgs[i], r.tx
-	if !r.fresh {
-		if r.held {
-			err = r.s.q.resetSavepoint(ctx, tx)
-		} else if _, err = tx.Exec(ctx, r.s.q.handlerSavepointSQL); err != nil {
-			err = fmt.Errorf("idemq: savepoint: %w", err)
-		}
-		if err != nil {
-			return dedup.Result{}, nil, err
-		}
-		r.held = true
+	// A fresh savepoint (set with the claim) serves as it is; else the
+	// release of the previous one and the new one travel with the handler's
+	// first statement (savepointTx), and are not sent if it sends none.
+	var pending []string
+	switch {
+	case r.fresh:
+	case r.held:
+		pending = []string{r.s.q.handlerReleaseSQL, r.s.q.handlerSavepointSQL}
+	default:
+		pending = []string{r.s.q.handlerSavepointSQL}
 	}
-	r.fresh = false
+	htx := withPending(tx, pending...)
 	m.Attempt = 1
-	herr = runHandler(ctx, tx, m, h)
+	herr = runHandler(ctx, htx, m, h)
+	called := dedup.Result{HandlerCalled: true, Attempts: 1}
+	sent, sperr := handlerSent(htx)
+	if sent {
+		r.held, r.fresh = true, false
+	}
+	if sperr != nil {
+		return called, nil, sperr // the store's own statements failed
+	}
 	if herr == nil && txAborted(tx) {
 		herr = errLeftAborted
 	}
 	if herr == nil {
 		return dedup.Result{Outcome: dedup.OutcomeProcessed, Status: dedup.StatusSucceeded, Attempts: 1, HandlerCalled: true}, nil, nil
 	}
-	called := dedup.Result{HandlerCalled: true, Attempts: 1}
 	switch handlerFailureClass(ctx, tx, herr) {
 	case dedup.FailureOutcomeUnknown:
 		return called, nil, fmt.Errorf("%w: handler's transaction lost (shutdown or connection closed): %w", dedup.ErrOutcomeUnknown, errors.Join(ctx.Err(), herr))
 	case dedup.FailureTransient:
 		return called, herr, nil
 	}
-	if _, err := tx.Exec(ctx, r.s.q.handlerRollbackSQL); err != nil {
-		return called, herr, nil
+	// A handler that sent nothing wrote nothing: there is nothing to roll
+	// back (and no savepoint of its own to roll back to).
+	if sent {
+		if _, err := tx.Exec(ctx, r.s.q.handlerRollbackSQL); err != nil {
+			return called, herr, nil
+		}
 	}
 	if res, err = r.s.markClaimedFailed(ctx, tx, claimedFailure{rowID: rec.id, attempts: 1, msg: m, sum: r.fps[i].sum, err: herr}); err != nil {
 		return called, herr, nil

@@ -100,8 +100,10 @@ func unnestInsert(tbl string) BatchHandler {
 // pipeline (insert + read, and the ordered lock), in both batched modes.
 // With a BatchHandler, a batch of 100 new messages costs exactly four round
 // trips: BEGIN, the claim, the handler's own statement, COMMIT. With a
-// per-message Handler, each new message adds its savepoint's round trip
-// (release + set, pipelined) to its handler's own, and no record statement.
+// per-message Handler, a batch of n new messages costs n + 3: each
+// message's savepoint (release + set) travels with its handler's first
+// statement (before, each cost a round trip of its own: 2n + 2), and no
+// record statement.
 func TestBatchClaimIsOneRoundTrip(t *testing.T) {
 	e := newEnv(t, nil)
 	tbl := e.table("rows")
@@ -145,7 +147,7 @@ func TestBatchClaimIsOneRoundTrip(t *testing.T) {
 		}
 		want := 4 // BEGIN, claim, the handler's insert, COMMIT
 		if mode == "handler" {
-			want = 1 + 1 + (n - 1) + n + 1 // BEGIN, claim (+ first savepoint), a savepoint per later message, n handler inserts, COMMIT
+			want = 1 + 1 + n + 1 // BEGIN, claim (+ first savepoint), n handler inserts (+ each later one's savepoint), COMMIT
 		}
 		if len(sent) != want {
 			t.Fatalf("%s: %d round trips for a batch of %d, want %d; the first: %.300q", mode, len(sent), n, want, sent)

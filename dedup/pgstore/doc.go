@@ -76,9 +76,11 @@
 // decides; a record is written once), and a second, pipelined with it,
 // locks the matched PROCESSING and FAILED_RETRYABLE records in id order.
 // Duplicates of terminal records are answered from the read. Each new
-// message's handler runs after a savepoint, released and set again before
-// the next one (one round trip), so that they never nest; a failing handler
-// rolls back to it and is marked in the same transaction.
+// message's handler runs after a savepoint, released and set again for the
+// next one in the round trip of that handler's first statement (no round
+// trip of its own; sent alone before a COPY or a nested Begin), so that they
+// never nest; a failing handler rolls back to it and is marked in the same
+// transaction (a handler that sent nothing has nothing to roll back).
 // [Store.ProcessBatchSet] claims the same way and calls one [BatchHandler]
 // once with the new messages (no savepoints), so that it can write them with
 // one statement; if it fails, the batch is rerun one message per

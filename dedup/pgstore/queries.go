@@ -257,19 +257,6 @@ func (q *queries) claimInsert(ctx context.Context, tx pgx.Tx, r newRecord, relea
 	return 0, nil, nil
 }
 
-// resetSavepoint releases the handler's savepoint and sets it again, in one
-// round trip: a reclaim's update stays behind the new one, and savepoints
-// never nest.
-func (q *queries) resetSavepoint(ctx context.Context, tx pgx.Tx) error {
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
-	b.Queue(q.handlerReleaseSQL)
-	b.Queue(q.handlerSavepointSQL)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("idemq: savepoint: %w", err)
-	}
-	return nil
-}
-
 // reclaimReset is reclaim plus the handler's savepoint released and set
 // again, in one round trip: the reclaim's update stays behind the new
 // savepoint (the handler's rollback keeps it), and savepoints never nest.
