@@ -1,5 +1,3 @@
-// Package httpidem is the HTTP Idempotency-Key layer on idemq's records.
-// (This comment stands in until the package's doc.go lands; drop it then.)
 package httpidem
 
 import (
