@@ -110,7 +110,12 @@
 // BenchmarkFastPathRedisDown holds throughput with Redis down to Postgres
 // only. A lost LISTEN connection (its backend terminated) makes the relay
 // poll at once (outbox's own TestRelayListenLostFallsBackToPolling, which
-// needs TEST_POSTGRES_DSN only); a stuck span exporter
+// needs TEST_POSTGRES_DSN only); a relay publishing to a Kafka address that
+// refuses connections classifies the failure as the broker's, parks nothing
+// and opens its breaker, while a missing topic on the real Kafka is a row
+// error (TestOutboxBrokerOutageIsNotARowError; a two-hour outage on a fake
+// clock: outbox's own TestRelayTwoHourOutageParksNothing and
+// TestRelayRowErrorStillParks); a stuck span exporter
 // holds up no delivery (TestTracingExportNeverBlocksDeliveries); a hung
 // Redis under the Redis-only store ends a handler by its lease's clock
 // (TestRedisStoreRenewalFailsByTheLeaseClock).

@@ -95,6 +95,16 @@
 // never dropped. Database errors abort the batch (its rows are published
 // again) and are retried with backoff.
 //
+// Only row errors count: a publish that fails because the broker is
+// unavailable (IsUnavailable: connection refused, timeouts, no leader, not
+// enough replicas; publishers mark such errors with Unavailable) records
+// nothing on the row and pauses all publishing of the relay (a circuit
+// breaker): one probe batch after RelayConfig.OutageBackoffInitial, doubling
+// up to OutageBackoffMax while probes fail, so an outage of any length parks
+// nothing and the rows drain in per-key order once the broker is back
+// (RelayStats.BreakerOpen, Outages, Unavailable). Errors no publisher
+// classified are row errors.
+//
 // # Wake-ups and retention
 //
 // Add sends pg_notify in its insert statement; the relay LISTENs and wakes at

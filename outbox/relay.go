@@ -39,6 +39,10 @@ type Relay struct {
 	cursorKey []byte
 
 	batches, claimed, published, failed, parked, purged, dbErrors, listenLost atomic.Int64
+	unavailable                                                               atomic.Int64
+
+	// brk pauses publishing while the broker is unavailable.
+	brk *breaker
 
 	// testSignals are set only by this package's tests.
 	testSignals testSignals
@@ -58,7 +62,9 @@ func NewRelay(ob *Outbox, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{ob: ob, pub: pub, cfg: cfg, log: cfg.Logger.With("relay", cfg.Name, "outbox", ob.q.table)}, nil
+	r := &Relay{ob: ob, pub: pub, cfg: cfg, log: cfg.Logger.With("relay", cfg.Name, "outbox", ob.q.table)}
+	r.brk = newBreaker(cfg.OutageBackoffInitial, cfg.OutageBackoffMax, r.log)
+	return r, nil
 }
 
 // Config returns the relay configuration with defaults applied.
@@ -74,8 +80,19 @@ type RelayStats struct {
 	// Published counts rows published and marked.
 	Published int64
 	// Failed counts failed publishes recorded (each schedules a retry or
-	// parks the row).
+	// parks the row): row errors only, see Unavailable.
 	Failed int64
+	// Unavailable counts publishes that failed because the broker was
+	// unavailable (IsUnavailable): not attempts, nothing recorded on the
+	// row; each batch with one pauses publishing (BreakerOpen).
+	Unavailable int64
+	// BreakerOpen is true while publishing is paused because the broker is
+	// unavailable: workers claim no batch but a probe every
+	// OutageBackoffInitial, doubling up to OutageBackoffMax.
+	BreakerOpen bool
+	// Outages counts the times publishing was paused (the breaker opened),
+	// however many probes failed during each.
+	Outages int64
 	// Parked counts rows this relay parked.
 	Parked int64
 	// Purged counts published rows deleted by retention.
@@ -92,9 +109,10 @@ type RelayStats struct {
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() RelayStats {
+	open, outages := r.brk.state()
 	return RelayStats{Batches: r.batches.Load(), Claimed: r.claimed.Load(), Published: r.published.Load(),
 		Failed: r.failed.Load(), Parked: r.parked.Load(), Purged: r.purged.Load(), DBErrors: r.dbErrors.Load(),
-		ListenLost: r.listenLost.Load()}
+		ListenLost: r.listenLost.Load(), Unavailable: r.unavailable.Load(), BreakerOpen: open, Outages: outages}
 }
 
 // ErrRunning is returned by Run when the relay is already running.
@@ -171,13 +189,24 @@ func (r *Relay) worker(ctx, work context.Context, wake <-chan struct{}) {
 	errBackoff.Reset()
 	var nextRetry time.Time
 	for ctx.Err() == nil {
+		ok, probe, pause := r.brk.admit(time.Now(), r.idleWait())
+		if !ok {
+			// The broker is unavailable: wait out the breaker's delay (a
+			// wake-up only makes the worker ask again).
+			r.sleep(ctx, wake, pause)
+			continue
+		}
 		res, err := r.runBatch(work)
+		r.brk.done(time.Now(), probe, res, err != nil)
 		wait := r.idleWait()
 		switch {
 		case err != nil:
 			r.dbErrors.Add(1)
 			wait = errBackoff.NextBackOff()
 			r.log.Warn("idemq: relay batch failed; its rows will be published again", "err", err, "retry_in", wait)
+		case res.Unavailable > 0:
+			errBackoff.Reset()
+			continue // the breaker is open: admit says how long to wait
 		case res.Claimed > 0:
 			errBackoff.Reset()
 			if res.RetryIn > 0 {
@@ -194,17 +223,24 @@ func (r *Relay) worker(ctx, work context.Context, wake <-chan struct{}) {
 				wait = max(d, time.Millisecond)
 			}
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-		case <-wake:
-		case <-t.C:
-			if !nextRetry.IsZero() && !time.Now().Before(nextRetry) {
-				nextRetry = time.Time{}
-			}
+		if r.sleep(ctx, wake, wait) && !nextRetry.IsZero() && !time.Now().Before(nextRetry) {
+			nextRetry = time.Time{}
 		}
-		t.Stop()
 	}
+}
+
+// sleep waits d, or until a wake-up or the end of ctx; it reports whether
+// the whole of d passed.
+func (r *Relay) sleep(ctx context.Context, wake <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-wake:
+	case <-t.C:
+		return true
+	}
+	return false
 }
 
 // idleWait is how long an idle worker waits for a wake-up before it looks
@@ -328,6 +364,10 @@ type BatchResult struct {
 	Failed int
 	// Parked is how many of the failed rows were parked.
 	Parked int
+	// Unavailable is how many publishes failed because the broker was
+	// unavailable (IsUnavailable): those rows are not counted in Failed,
+	// get no attempt and no retry time, and are claimed again first.
+	Unavailable int
 	// RetryIn is the shortest retry delay given to a failed row (0 if none).
 	RetryIn time.Duration
 }

@@ -48,6 +48,9 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	r.claimed.Add(int64(res.Claimed))
 
 	published, failed := publishChains(ctx, r.pub, chains, r.cfg.PublishTimeout)
+	failed, unavailable := splitUnavailable(failed)
+	res.Unavailable = len(unavailable)
+	r.unavailable.Add(int64(len(unavailable)))
 
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
 	defer cancel()
@@ -152,6 +155,22 @@ func (r *Relay) markAndCommit(ctx context.Context, conn *pgxpool.Conn, published
 		return nil, 0, fmt.Errorf("idemq/outbox: commit batch: %w", err)
 	}
 	return parked, retryIn, nil
+}
+
+// splitUnavailable separates the failures of rows from those of an
+// unavailable broker (IsUnavailable). The latter are left unrecorded: the
+// row gets no attempt, no error and no retry time, so the broker's outage
+// never parks it, and its key's order holds because the row is still its
+// key's head.
+func splitUnavailable(failed []failure) (rows, unavailable []failure) {
+	for _, f := range failed {
+		if IsUnavailable(f.err) {
+			unavailable = append(unavailable, f)
+		} else {
+			rows = append(rows, f)
+		}
+	}
+	return rows, unavailable
 }
 
 // claim begins the transaction, locks up to MaxKeys heads and reads the

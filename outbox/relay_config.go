@@ -68,10 +68,24 @@ type RelayConfig struct {
 	RetryMax time.Duration
 	// MaxAttempts is how many failed publishes park a row: it keeps its last
 	// error, is no longer tried, and holds back the later rows of its key,
-	// until an operator calls Outbox.Unpark. Rows are never dropped.
+	// until an operator calls Outbox.Unpark. Rows are never dropped. Only
+	// row errors count; a broker outage does not (see
+	// OutageBackoffInitial).
 	// Default 25 (with the default delays, about 1.5 hours of retries);
 	// 1 to 1,000,000.
 	MaxAttempts int
+	// OutageBackoffInitial is how long the relay pauses publishing when a
+	// publish fails because the broker is unavailable (IsUnavailable:
+	// connection refused, timeouts, no leader, not enough replicas). Such
+	// failures never count toward MaxAttempts. After the pause one worker
+	// publishes a probe batch; while probes fail the pause doubles (±20%
+	// jitter) up to OutageBackoffMax, and the first probe that gets through
+	// resumes publishing. Default 1s; 10ms to OutageBackoffMax.
+	OutageBackoffInitial time.Duration
+	// OutageBackoffMax caps the pause between probes during a broker
+	// outage, so publishing resumes at most about this long after the
+	// broker is back. Default 1m; OutageBackoffInitial to 1h.
+	OutageBackoffMax time.Duration
 	// MaxErrorBytes bounds the last_error text, in bytes. Default 2048; at
 	// least 64.
 	MaxErrorBytes int
@@ -135,6 +149,8 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	def(&c.RetryInitial, time.Second)
 	def(&c.RetryMax, 5*time.Minute)
 	defInt(&c.MaxAttempts, 25)
+	def(&c.OutageBackoffInitial, time.Second)
+	def(&c.OutageBackoffMax, max(time.Minute, c.OutageBackoffInitial))
 	defInt(&c.MaxErrorBytes, 2048)
 	if !c.DisablePurge {
 		def(&c.Retention, 24*time.Hour)
@@ -171,6 +187,8 @@ func (c RelayConfig) validate() error {
 		return bad("RetryInitial %s and RetryMax %s must satisfy 1ms <= RetryInitial <= RetryMax <= 24h", c.RetryInitial, c.RetryMax)
 	case c.MaxAttempts < 1 || c.MaxAttempts > 1_000_000:
 		return bad("MaxAttempts %d must be 1 to 1000000", c.MaxAttempts)
+	case c.OutageBackoffInitial < 10*time.Millisecond || c.OutageBackoffMax < c.OutageBackoffInitial || c.OutageBackoffMax > time.Hour:
+		return bad("OutageBackoffInitial %s and OutageBackoffMax %s must satisfy 10ms <= OutageBackoffInitial <= OutageBackoffMax <= 1h", c.OutageBackoffInitial, c.OutageBackoffMax)
 	case c.MaxErrorBytes < 64:
 		return bad("MaxErrorBytes %d must be at least 64", c.MaxErrorBytes)
 	case c.ShutdownGrace < 0:

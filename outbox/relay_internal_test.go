@@ -235,6 +235,9 @@ func TestConfigValidation(t *testing.T) {
 		{RelayConfig{PublishTimeout: time.Millisecond}, "PublishTimeout"},
 		{RelayConfig{RetryInitial: time.Minute, RetryMax: time.Second}, "RetryMax"},
 		{RelayConfig{MaxAttempts: -1}, "MaxAttempts"}, {RelayConfig{MaxErrorBytes: 10}, "MaxErrorBytes"},
+		{RelayConfig{OutageBackoffInitial: time.Millisecond}, "OutageBackoffInitial"},
+		{RelayConfig{OutageBackoffInitial: time.Minute, OutageBackoffMax: time.Second}, "OutageBackoffMax"},
+		{RelayConfig{OutageBackoffMax: 2 * time.Hour}, "OutageBackoffMax"},
 		{RelayConfig{PurgeInterval: time.Millisecond}, "PurgeInterval"}, {RelayConfig{PurgeBatch: -5}, "PurgeBatch"},
 		{RelayConfig{ShutdownGrace: -time.Second}, "ShutdownGrace"}, {RelayConfig{Name: strings.Repeat("n", 256)}, "Name"},
 		{RelayConfig{BatchSize: 10, MaxKeys: 11}, "MaxKeys"}, {RelayConfig{MaxKeys: -1}, "MaxKeys"},
@@ -261,7 +264,8 @@ func TestConfigValidation(t *testing.T) {
 	}
 	d := RelayConfig{}.withDefaults()
 	if d.BatchSize != 500 || d.MaxKeys != 500 || d.Workers != 1 || d.PollInterval != time.Second || d.MaxAttempts != 25 ||
-		d.Retention != 24*time.Hour || d.RetryInitial != time.Second || d.RetryMax != 5*time.Minute || d.Name == "" {
+		d.Retention != 24*time.Hour || d.RetryInitial != time.Second || d.RetryMax != 5*time.Minute || d.Name == "" ||
+		d.OutageBackoffInitial != time.Second || d.OutageBackoffMax != time.Minute {
 		t.Fatalf("defaults = %+v", d)
 	}
 	if err := d.validate(); err != nil {

@@ -28,6 +28,16 @@
 // batching delay (the Writer's BatchTimeout, 1s by default, does not apply):
 // the relay's batches are the batches.
 //
+// # Errors: the broker's or the row's
+//
+// A publish that fails because the cluster cannot take the write (connection
+// refused or reset, timeouts, LeaderNotAvailable, NotLeaderForPartition,
+// NotEnoughReplicas, BrokerNotAvailable, KafkaStorageError, throttling)
+// satisfies outbox.IsUnavailable: the relay pauses publishing and counts no
+// attempt. Errors about the row (ErrTooLarge, MessageSizeTooLarge,
+// InvalidTopic, UnknownTopicOrPartition, TopicAuthorizationFailed) are not
+// wrapped: they count toward RelayConfig.MaxAttempts and park the row.
+//
 // # Message ID
 //
 // Every envelope's headers, including the message-id header the outbox sets

@@ -162,6 +162,7 @@ func (p *Publisher) PublishChains(ctx context.Context, chains [][]outbox.Envelop
 	placeErr := make([]error, len(chains))
 	limit := make([]int, len(chains)) // envelopes placed, a prefix of the chain
 	parts := map[string][]int{}       // one partition list per topic per call
+	partErr := map[string]error{}     // why a topic has no partition list
 	groups := map[tp][]pos{}
 	var order []tp
 	for c, chain := range chains {
@@ -171,11 +172,14 @@ func (p *Publisher) PublishChains(ctx context.Context, chains [][]outbox.Envelop
 				var err error
 				if ids, err = p.partitions(ctx, e.Topic); err != nil {
 					ids = nil
-					placeErr[c] = err
+					partErr[e.Topic] = err
 				}
 				parts[e.Topic] = ids
 			}
 			if ids == nil {
+				// Every chain of the topic gets the lookup's error (an
+				// unavailable broker stays unavailable for all of them).
+				placeErr[c] = partErr[e.Topic]
 				if placeErr[c] == nil {
 					placeErr[c] = fmt.Errorf("idemq/kafkapub: topic %s: no partitions", e.Topic)
 				}
@@ -298,7 +302,7 @@ func (p *Publisher) produce(ctx context.Context, k tp, send []pos) error {
 	}
 	if err != nil {
 		p.forget(k.topic)
-		return fmt.Errorf("idemq/kafkapub: produce %s/%d: %w", k.topic, k.partition, err)
+		return classify(fmt.Errorf("idemq/kafkapub: produce %s/%d: %w", k.topic, k.partition, err))
 	}
 	return nil
 }
@@ -312,12 +316,12 @@ func (p *Publisher) partitions(ctx context.Context, topic string) ([]int, error)
 	}
 	if p.cfg.CreateTopics && !ok {
 		if err := kafkaadmin.EnsureTopics(ctx, p.cfg.Brokers, p.cfg.TopicPartitions, topic); err != nil {
-			return nil, err
+			return nil, classify(err)
 		}
 	}
 	md, err := p.cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
-		return nil, fmt.Errorf("idemq/kafkapub: metadata of %s: %w", topic, err)
+		return nil, classify(fmt.Errorf("idemq/kafkapub: metadata of %s: %w", topic, err))
 	}
 	var ids []int
 	for _, t := range md.Topics {
@@ -325,7 +329,7 @@ func (p *Publisher) partitions(ctx context.Context, topic string) ([]int, error)
 			continue
 		}
 		if t.Error != nil {
-			return nil, fmt.Errorf("idemq/kafkapub: topic %s: %w", topic, t.Error)
+			return nil, classify(fmt.Errorf("idemq/kafkapub: topic %s: %w", topic, t.Error))
 		}
 		for _, pt := range t.Partitions {
 			ids = append(ids, pt.ID)

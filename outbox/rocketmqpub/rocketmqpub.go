@@ -11,6 +11,7 @@ import (
 	"time"
 
 	rocketmq "github.com/apache/rocketmq-client-go/v2"
+	rmqerrors "github.com/apache/rocketmq-client-go/v2/errors"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/idemq/idemq/outbox"
@@ -49,7 +50,11 @@ var ErrInvalidConfig = errors.New("idemq/rocketmqpub: invalid config")
 
 // ErrNotSendOK wraps a send whose status was not SEND_OK (e.g. a flush or
 // slave timeout): the message may be stored, but not as durably as asked, so
-// the row is published again and the consumer's dedup absorbs the copy.
+// the row is published again and the consumer's dedup absorbs the copy. It
+// is an outage (outbox.IsUnavailable), not the row's fault: the relay
+// pauses and counts no attempt, as for a request timeout
+// (rocketmq-client-go's ErrRequestTimeout) and transport errors. Other send
+// errors (an unknown topic or route, a rejected message) are row errors.
 var ErrNotSendOK = errors.New("idemq/rocketmqpub: send status not SEND_OK")
 
 // Publisher publishes outbox envelopes with a started RocketMQ producer. It is
@@ -190,10 +195,16 @@ func (p *Publisher) send(ctx context.Context, e outbox.Envelope) error {
 	}
 	res, err := p.p.SendSync(ctx, Message(e))
 	if err != nil {
-		return fmt.Errorf("idemq/rocketmqpub: send %s to %s: %w", e.ID, e.Topic, err)
+		err = fmt.Errorf("idemq/rocketmqpub: send %s to %s: %w", e.ID, e.Topic, err)
+		if errors.Is(err, rmqerrors.ErrRequestTimeout) {
+			err = outbox.Unavailable(err)
+		}
+		return err
 	}
 	if res.Status != primitive.SendOK {
-		return fmt.Errorf("%w: %s to %s: status %d", ErrNotSendOK, e.ID, e.Topic, res.Status)
+		// A flush or slave timeout, or no slave: the broker could not store
+		// the message as durably as asked, nothing about the row.
+		return outbox.Unavailable(fmt.Errorf("%w: %s to %s: status %d", ErrNotSendOK, e.ID, e.Topic, res.Status))
 	}
 	return nil
 }

@@ -1,0 +1,34 @@
+package kafkapub
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/idemq/idemq/outbox"
+	"github.com/segmentio/kafka-go"
+)
+
+// Kafka codes of a cluster that cannot take the write are the broker's;
+// codes about the row or its topic are the row's.
+func TestClassify(t *testing.T) {
+	for code, want := range map[kafka.Error]bool{
+		kafka.LeaderNotAvailable:       true,
+		kafka.NotLeaderForPartition:    true,
+		kafka.NotEnoughReplicas:        true,
+		kafka.BrokerNotAvailable:       true,
+		kafka.RequestTimedOut:          true,
+		kafka.MessageSizeTooLarge:      false,
+		kafka.InvalidTopic:             false,
+		kafka.TopicAuthorizationFailed: false,
+		kafka.UnknownTopicOrPartition:  false,
+		kafka.InvalidRecord:            false,
+	} {
+		err := classify(fmt.Errorf("produce t/0: %w", code))
+		if got := outbox.IsUnavailable(err); got != want {
+			t.Errorf("%v: IsUnavailable %v, want %v", code, got, want)
+		}
+	}
+	if outbox.IsUnavailable(classify(fmt.Errorf("%w: 2000000 bytes", ErrTooLarge))) {
+		t.Error("ErrTooLarge classified as unavailable")
+	}
+}
