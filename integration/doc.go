@@ -66,7 +66,13 @@
 // TestCLIRelayOnceDrains; HTTP requests served through httpidem named by
 // their parts in inspect, dead-letters and redrive, their stored responses
 // described without a sealed body, and purged with their records:
-// TestCLIHTTPScopes). Conflicts carry the reason of their kind in every mode and store
+// TestCLIHTTPScopes). Migrations without DDL rights: after an admin
+// migrated, a data-only role (USAGE on the schema, SELECT/INSERT/UPDATE/DELETE
+// on its tables) passes CheckSchema, runs Migrate without DDL and processes
+// messages in atomic, batched and lease mode, and gets ErrSchemaOutdated /
+// ErrSchemaMissing otherwise (TestMigrateWithDataOnlyRole); the SQL of
+// `idemq migrate -print` applied block by block gives Migrate's schema
+// (TestMigrationSQLMatchesMigrate). Conflicts carry the reason of their kind in every mode and store
 // (TestConflictReasons); a re-driven bad_input record runs its next copy
 // (TestRedrivenBadInputRuns); a message-ID collision's dead letter is
 // re-driven as a new message with the CLI on Kafka and RocketMQ, once,

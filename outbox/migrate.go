@@ -4,7 +4,6 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
 
 	"github.com/idemq/idemq/internal/pgmigrate"
 	"github.com/jackc/pgx/v5"
@@ -18,17 +17,14 @@ var migrationFS embed.FS
 // yet, recording the version in <schema>.<table>_schema_version. It is safe
 // to call from many processes at once (a Postgres advisory lock serializes
 // them, together with pgstore.Store.Migrate) and cheap when there is nothing
-// to do. It returns ErrNoPool on an
-// Outbox built without a pool.
+// to do: it first reads the version read-only (as CheckSchema does) and, when
+// the schema is current, returns without a lock or any DDL, so a data-only
+// role may call it. It returns ErrNoPool on an Outbox built without a pool.
 func (o *Outbox) Migrate(ctx context.Context) error {
 	if o.pool == nil {
 		return ErrNoPool
 	}
-	sub, err := fs.Sub(migrationFS, "migrations")
-	if err != nil {
-		return err
-	}
-	if err := pgmigrate.Apply(ctx, o.pool, o.cfg.Schema, o.cfg.Table+"_schema_version", sub, o.templateData()); err != nil {
+	if err := pgmigrate.Apply(ctx, o.pool, o.cfg.Schema, o.cfg.Table+"_schema_version", migrations(), o.templateData()); err != nil {
 		return fmt.Errorf("idemq/outbox: migrate: %w", err)
 	}
 	return nil

@@ -1,6 +1,7 @@
 // Command idemq is idemq's operations tool:
 //
 //	idemq migrate [flags]           create or upgrade the consumption-record and dead-letter tables
+//	                                (-print: write the versioned SQL for your own tool; -check: only verify the version)
 //	idemq inspect [flags]           show the consumption record of a message ID or business key
 //	idemq dead-letters [flags]      list the dead letters of a scope (or of a scope prefix)
 //	idemq redrive [flags]           make a FAILED_FINAL record retryable again (-message-id),
@@ -8,7 +9,7 @@
 //	idemq purge [flags]             delete expired consumption records
 //	idemq relay [flags]             run an outbox relay until SIGINT/SIGTERM
 //	idemq relay -once [flags]       drain the outbox once (cron-style) and exit
-//	idemq outbox migrate [flags]    create or upgrade the outbox table
+//	idemq outbox migrate [flags]    create or upgrade the outbox table (-print, -check as for migrate)
 //	idemq outbox stats [flags]      count pending (failing now), parked and published (after a failure) rows
 //	idemq outbox parked [flags]     list parked rows with their last error
 //	idemq outbox unpark [flags] ID… make parked rows publishable again

@@ -123,17 +123,29 @@ func runMigrate(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	var f storeFlags
 	f.register(fs)
+	var mf migrateFlags
+	mf.register(fs)
 	if err := parse(fs, args, nil); err != nil {
 		return err
 	}
 	if err := f.postgresOnly("migrate"); err != nil {
 		return err
 	}
+	if mf.print {
+		return printRecordsSQL(os.Stdout, &f)
+	}
 	pool, st, err := f.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	if mf.check {
+		if err := st.CheckSchema(ctx); err != nil {
+			return err
+		}
+		fmt.Printf("consumption records and dead letters are current in schema %q\n", f.db.schema)
+		return nil
+	}
 	if err := st.Migrate(ctx); err != nil {
 		return err
 	}

@@ -177,6 +177,10 @@ func runOutbox(ctx context.Context, args []string) error {
 	if args[0] == "parked" {
 		limit = fs.Int("limit", 100, "rows to list")
 	}
+	var mf migrateFlags
+	if args[0] == "migrate" {
+		mf.register(fs)
+	}
 	if args[0] == "unpark" {
 		fs.Usage = func() {
 			_, _ = fmt.Fprintln(fs.Output(), "usage: idemq outbox unpark [flags] ID... (IDs of parked rows, from idemq outbox parked)")
@@ -189,6 +193,9 @@ func runOutbox(ctx context.Context, args []string) error {
 	if args[0] == "unpark" && fs.NArg() == 0 {
 		return errors.New("outbox unpark: give the IDs of the parked rows to unpark (see idemq outbox parked)")
 	}
+	if mf.print {
+		return printOutboxSQL(os.Stdout, &d)
+	}
 	pool, ob, err := d.open(ctx)
 	if err != nil {
 		return err
@@ -196,6 +203,13 @@ func runOutbox(ctx context.Context, args []string) error {
 	defer pool.Close()
 	switch args[0] {
 	case "migrate":
+		if mf.check {
+			if err := ob.CheckSchema(ctx); err != nil {
+				return err
+			}
+			fmt.Printf("outbox table %q is current in schema %q\n", d.table, d.schema)
+			return nil
+		}
 		if err := ob.Migrate(ctx); err != nil {
 			return err
 		}

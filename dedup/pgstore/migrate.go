@@ -4,7 +4,6 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
 
 	"github.com/idemq/idemq/internal/pgmigrate"
 )
@@ -16,13 +15,11 @@ var migrationFS embed.FS
 // migrations (dedup/migrations/NNN_*.sql) that the database does not have yet,
 // recording the version in <schema>.<records table>_schema_version. It is safe
 // to call from many processes at once (a Postgres advisory lock serializes
-// them) and cheap when there is nothing to do.
+// them) and cheap when there is nothing to do: it first reads the version
+// read-only (as CheckSchema does) and, when the schema is current, returns
+// without a lock or any DDL, so a data-only role may call it.
 func (s *Store) Migrate(ctx context.Context) error {
-	sub, err := fs.Sub(migrationFS, "migrations")
-	if err != nil {
-		return err
-	}
-	if err := pgmigrate.Apply(ctx, s.pool, s.cfg.Schema, s.cfg.RecordsTable+"_schema_version", sub, s.q.tables); err != nil {
+	if err := pgmigrate.Apply(ctx, s.pool, s.cfg.Schema, versionTable(s.cfg), migrations(), s.q.tables); err != nil {
 		return fmt.Errorf("idemq: migrate: %w", err)
 	}
 	return nil

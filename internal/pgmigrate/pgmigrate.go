@@ -17,9 +17,14 @@ const LockKey int64 = 0x6964656d71
 
 // Apply creates schema if needed and applies the migrations in fsys
 // (NNN_name.sql files, tern templates filled from data) that the version
-// table schema.versionTable does not record yet, under LockKey. It is cheap
-// when there is nothing to do.
+// table schema.versionTable does not record yet, under LockKey. It first
+// reads the version read-only (Current) and returns without a lock or any DDL
+// when the schema is already current, so a role without DDL rights can call
+// it on a migrated database.
 func Apply(ctx context.Context, pool *pgxpool.Pool, schema, versionTable string, fsys fs.FS, data map[string]any) error {
+	if found, want, exists, err := Current(ctx, pool, schema, versionTable, fsys); err == nil && exists && found >= want {
+		return nil
+	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
