@@ -113,6 +113,14 @@ type Config struct {
 	// ShutdownGrace is how long in-flight handlers may run after Run's
 	// context ends. Default 10s.
 	ShutdownGrace time.Duration
+	// CheckSchema makes Run call the store's CheckSchema (SchemaChecker;
+	// *pgstore.Store has it) before it fetches, and return its error (e.g.
+	// wrapping pgstore.ErrSchemaOutdated or ErrSchemaMissing) instead of
+	// running on a schema that is missing or older than the binary. It is
+	// read-only (one SELECT), for services whose role has no DDL rights and
+	// so cannot call Migrate. Default false; ignored for stores without
+	// CheckSchema (redisstore.Store) and by Push.
+	CheckSchema bool
 	// CrashLoop bounds a message whose handler kills the process (atomic
 	// and batched modes): lane watermarks and start markers, on by default
 	// (Window 1000). See CrashLoopConfig and the package doc, "Crash loops".

@@ -19,10 +19,10 @@ import (
 // Before fetching, when src implements HorizonReporter, Run refuses to start
 // (returning an error wrapping dedup.ErrRetentionTooShort) if the store's
 // SucceededRetention is shorter than the broker's redelivery horizon; the
-// source is then closed. Likewise, when the store implements SchemaChecker
-// (*pgstore.Store does), Run first calls its CheckSchema, read-only, and
-// returns its error (e.g. wrapping pgstore.ErrSchemaOutdated) without
-// fetching.
+// source is then closed. Likewise, with Config.CheckSchema and a store that
+// implements SchemaChecker (*pgstore.Store does), Run first calls its
+// CheckSchema, read-only, and returns its error (e.g. wrapping
+// pgstore.ErrSchemaOutdated) without fetching.
 func (c *Consumer) Run(parent context.Context, src Source) error {
 	if err := c.checkSchema(parent); err != nil {
 		_ = src.Close()

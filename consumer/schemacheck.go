@@ -16,12 +16,13 @@ type SchemaChecker interface {
 	CheckSchema(ctx context.Context) error
 }
 
-// checkSchema runs the store's CheckSchema, when it has one, before Run
-// fetches anything: a missing or outdated schema stops Run at once with what
-// to run, instead of failing every delivery.
+// checkSchema runs the store's CheckSchema, with Config.CheckSchema and when
+// the store has one, before Run fetches anything: a missing or outdated
+// schema stops Run at once with what to run, instead of failing every
+// delivery.
 func (c *Consumer) checkSchema(ctx context.Context) error {
 	sc, ok := c.cfg.Store.(SchemaChecker)
-	if !ok {
+	if !ok || !c.cfg.CheckSchema {
 		return nil
 	}
 	if err := sc.CheckSchema(ctx); err != nil {

@@ -20,11 +20,12 @@ type checkingStore struct {
 
 func (s *checkingStore) CheckSchema(context.Context) error { s.calls++; return errOutdated }
 
-// Run calls the store's CheckSchema before it fetches: an outdated schema
-// stops it at once with that error, nothing fetched, the source closed.
+// With Config.CheckSchema, Run calls the store's CheckSchema before it
+// fetches: an outdated schema stops it at once with that error, nothing
+// fetched.
 func TestRunChecksSchemaFirst(t *testing.T) {
 	st := &checkingStore{fakeStore: newFakeStore(&trail{})}
-	c, err := New(Config{Scope: "s", Store: st, Handler: func(context.Context, pgx.Tx, *dedup.Message) error { return nil }})
+	c, err := New(Config{Scope: "s", Store: st, CheckSchema: true, Handler: func(context.Context, pgx.Tx, *dedup.Message) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,5 +37,22 @@ func TestRunChecksSchemaFirst(t *testing.T) {
 	}
 	if st.calls != 1 || len(src.ds) != 1 {
 		t.Fatalf("CheckSchema called %d times, %d of 1 deliveries left unfetched", st.calls, len(src.ds))
+	}
+}
+
+// Without Config.CheckSchema, Run never calls CheckSchema.
+func TestRunSkipsSchemaCheckByDefault(t *testing.T) {
+	st := &checkingStore{fakeStore: newFakeStore(&trail{})}
+	c, err := New(Config{Scope: "s", Store: st, Handler: func(context.Context, pgx.Tx, *dedup.Message) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := c.Run(ctx, newListSource()); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if st.calls != 0 {
+		t.Fatalf("CheckSchema called %d times without Config.CheckSchema", st.calls)
 	}
 }

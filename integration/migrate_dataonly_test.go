@@ -292,5 +292,6 @@ func TestMigrationSQLMatchesMigrate(t *testing.T) {
 	}
 }
 
-// consumer.Run checks a *pgstore.Store's schema before it fetches.
+// consumer.Run checks a *pgstore.Store's schema before it fetches
+// (consumer.Config.CheckSchema).
 var _ consumer.SchemaChecker = (*pgstore.Store)(nil)

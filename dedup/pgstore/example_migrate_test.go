@@ -34,7 +34,8 @@ func ExampleMigrationSQL() {
 }
 
 // A service running under a data-only role checks the schema at start
-// instead of migrating it (consumer.Run does the same before it fetches).
+// instead of migrating it (consumer.Run does the same before it fetches with
+// consumer.Config.CheckSchema).
 func ExampleStore_CheckSchema() {
 	ctx := context.Background()
 	var store *pgstore.Store // from pgstore.New, on a pool of the data-only role
