@@ -69,7 +69,7 @@
 // TestCLIHTTPScopes). Migrations without DDL rights: after an admin
 // migrated, a data-only role (USAGE on the schema, SELECT/INSERT/UPDATE/DELETE
 // on its tables) passes CheckSchema, runs Migrate without DDL and processes
-// messages in atomic, batched and lease mode, and gets ErrSchemaOutdated /
+// messages in atomic, batched (also set-based) and lease mode, and gets ErrSchemaOutdated /
 // ErrSchemaMissing otherwise (TestMigrateWithDataOnlyRole); the SQL of
 // `idemq migrate -print` applied block by block gives Migrate's schema
 // (TestMigrationSQLMatchesMigrate). Conflicts carry the reason of their kind in every mode and store

@@ -54,8 +54,8 @@ func dataOnlyRole(t *testing.T, e *env) *pgxpool.Pool {
 // Migrations without DDL rights: after an admin migrated, a data-only role's
 // store and outbox pass CheckSchema, Migrate succeeds without DDL (it used to
 // fail with "permission denied for database"), and the store processes
-// messages in atomic, batched and lease mode; the CLI's `migrate -check` and
-// `migrate` work under that role. A missing or outdated schema gives
+// messages in atomic, batched (per message and set-based) and lease mode;
+// the CLI's `migrate -check` and `migrate` work under that role. A missing or outdated schema gives
 // ErrSchemaMissing / ErrSchemaOutdated naming the versions and the command to
 // run, and Migrate then fails for want of rights instead of pretending.
 func TestMigrateWithDataOnlyRole(t *testing.T) {
@@ -115,16 +115,27 @@ func TestMigrateWithDataOnlyRole(t *testing.T) {
 		if err != nil || len(res) != 2 || (i == 0) != (res[1].Outcome == dedup.OutcomeProcessed) {
 			t.Fatalf("round %d: ProcessBatch: %+v, %v", i, res, err)
 		}
+		sres, err := st.ProcessBatchSet(e.ctx, []*dedup.Message{msg("set-1"), msg("set-2")}, func(ctx context.Context, tx pgx.Tx, ms []*dedup.Message) error {
+			for _, m := range ms {
+				if err := write(ctx, tx, m); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil || len(sres) != 2 || (i == 0) != (sres[0].Outcome == dedup.OutcomeProcessed) {
+			t.Fatalf("round %d: ProcessBatchSet: %+v, %v", i, sres, err)
+		}
 		lres, err := st.ProcessLeased(e.ctx, msg("leased"), func(context.Context, *dedup.Message) error { return nil }, dedup.LeaseOptions{})
 		if err != nil || (i == 0) != (lres.Outcome == dedup.OutcomeProcessed) {
 			t.Fatalf("round %d: ProcessLeased: %+v, %v", i, lres, err)
 		}
 	}
-	if n := e.count("select count(*) from " + e.table("ledger")); n != 3 {
-		t.Fatalf("%d ledger rows, want 3 (one per message)", n)
+	if n := e.count("select count(*) from " + e.table("ledger")); n != 5 {
+		t.Fatalf("%d ledger rows, want 5 (one per message)", n)
 	}
-	if s, err := ob.Stats(e.ctx); err != nil || s.Pending != 3 {
-		t.Fatalf("outbox stats as the data-only role: %+v, %v; want 3 pending", s, err)
+	if s, err := ob.Stats(e.ctx); err != nil || s.Pending != 5 {
+		t.Fatalf("outbox stats as the data-only role: %+v, %v; want 5 pending", s, err)
 	}
 
 	// The CLI, as the role: -check and migrate need no DDL on a current schema.
