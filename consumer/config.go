@@ -162,7 +162,22 @@ type Config struct {
 	// the batch transactions of batched atomic mode (BatchSize > 1): New
 	// refuses both together.
 	Middleware []Middleware
+	// AcceptUnboundedRedelivery states that the operator accepts the risk of
+	// a broker that may redeliver a message after its record has expired
+	// (a Kafka topic with retention.ms = -1: a group whose offsets are reset
+	// replays messages of any age, and one older than SucceededRetention is
+	// processed again). Default false: Run refuses to start (an error
+	// wrapping ErrInvalidConfig and ErrUnboundedRedelivery that names this
+	// field) when the source reports an unbounded horizon
+	// (HorizonReporter returning 0). Set it true to start anyway, with a
+	// warning logged.
+	AcceptUnboundedRedelivery bool
 }
+
+// ErrUnboundedRedelivery is wrapped by Run's error when the source's
+// redelivery horizon is unbounded and Config.AcceptUnboundedRedelivery is
+// false.
+var ErrUnboundedRedelivery = errors.New("idemq/consumer: broker redelivery horizon is unbounded")
 
 // ErrInvalidConfig is wrapped by every Config error.
 var ErrInvalidConfig = errors.New("idemq/consumer: invalid config")
