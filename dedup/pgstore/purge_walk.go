@@ -69,7 +69,10 @@ func (o PurgeOptions) batch() (int, error) {
 }
 
 // PurgeRecords is Purge with options: o.Batch records per statement, and
-// o.Progress called after each statement. It returns how many records it
+// o.Progress called after each statement. When ctx ends, the statement in
+// flight finishes (it is cancelled only 30s later) and the purge stops, so
+// the count it returns with ctx's error is what it deleted (PurgeDeadLetters
+// alike). It returns how many records it
 // deleted, also with an error (ctx ending between statements, or a
 // statement failing), and an error wrapping dedup.ErrInvalidConfig for a
 // Batch out of range.
@@ -113,6 +116,10 @@ func (s *Store) PurgeDeadLetters(ctx context.Context, o PurgeOptions) (int64, er
 	return walkPurge(ctx, s.pool, "purge dead letters", m.deadLettersPurgeBoundSQL, m.deadLettersPurgeSQL, batch, o.OlderThan, 0, o.Progress)
 }
 
+// stopGrace is how long a purge statement in flight may run on after the
+// purge's ctx ended before it is cancelled.
+const stopGrace = 30 * time.Second
+
 // rowQuerier is a *pgxpool.Pool or a *pgxpool.Conn.
 type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -128,12 +135,22 @@ func walkPurge(ctx context.Context, q rowQuerier, what, boundSQL, step string, b
 	if err := q.QueryRow(ctx, boundSQL).Scan(&bound); err != nil {
 		return 0, fmt.Errorf("idemq: %s: %w", what, err)
 	}
+	// A statement in flight when ctx ends finishes (each deletes at most
+	// batch rows), so the count returned is what was deleted; it is
+	// cancelled only if it runs on for stopGrace after that.
+	stmtCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stopAfter := context.AfterFunc(ctx, func() { time.AfterFunc(stopGrace, cancel) })
+	defer stopAfter()
 	var total, after int64
 	for {
+		if err := ctx.Err(); err != nil {
+			return total, fmt.Errorf("idemq: %s: %w", what, err)
+		}
 		var last *int64
 		var deleted int64
 		var allYoung bool
-		if err := q.QueryRow(ctx, step, after, batch, bound, young.Seconds()).Scan(&last, &deleted, &allYoung); err != nil {
+		if err := q.QueryRow(stmtCtx, step, after, batch, bound, young.Seconds()).Scan(&last, &deleted, &allYoung); err != nil {
 			return total, fmt.Errorf("idemq: %s: %w", what, err)
 		}
 		total += deleted
