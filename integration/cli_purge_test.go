@@ -73,9 +73,9 @@ func TestCLIPurgeDeadLetters(t *testing.T) {
 	t.Parallel()
 	bin := buildExample(t, "github.com/idemq/idemq/cmd/idemq")
 	e := setup(t, nil)
-	e.exec(`insert into `+e.schema+`.dead_letters (scope, message_id, reason, created_at)
+	e.exec(`insert into ` + e.schema + `.dead_letters (scope, message_id, reason, created_at)
 		select 'purge', 'old-' || g, 'failed', now() - interval '40 days' from generate_series(1, 12) g`)
-	e.exec(`insert into `+e.schema+`.dead_letters (scope, message_id, reason, created_at)
+	e.exec(`insert into ` + e.schema + `.dead_letters (scope, message_id, reason, created_at)
 		select 'purge', 'young-' || g, 'failed', now() - interval '2 days' from generate_series(1, 3) g`)
 	out, err := exec.Command(bin, "purge", "-dead-letters", "-older-than", "720h", "-dsn", postgresDSN(t), "-schema", e.schema).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "purged 12 dead letters older than 720h0m0s") {
