@@ -172,6 +172,16 @@ type Config struct {
 	// (HorizonReporter returning 0). Set it true to start anyway, with a
 	// warning logged.
 	AcceptUnboundedRedelivery bool
+	// Maintenance, when set, runs beside Run (pull mode) for as long as Run
+	// does: Run calls it in a goroutine with a context that ends when Run
+	// shuts down, and waits for it to return before Run returns. It is
+	// meant for the store's retention loop, e.g.
+	// func(ctx context.Context) error { return st.RunMaintenance(ctx, pgstore.MaintenanceConfig{}) }
+	// (pgstore.Store.RunMaintenance: every instance runs it, one leads).
+	// An error it returns before Run's context ends is logged (error
+	// level); Run goes on. Default nil: opt-in, nothing runs. Not used by
+	// Push.
+	Maintenance func(ctx context.Context) error
 }
 
 // ErrUnboundedRedelivery is wrapped by Run's error when the source's

@@ -34,6 +34,8 @@ func (c *Consumer) Run(parent context.Context, src Source) error {
 	// work outlives ctx by ShutdownGrace so in-flight handlers can finish.
 	work, release := grace.Work(ctx, c.cfg.ShutdownGrace)
 	defer release()
+	waitMaintenance := c.startMaintenance(ctx)
+	defer func() { cancelRun(); waitMaintenance() }()
 
 	com := newCommitter(src, c.cfg.CommitEvery, c.cfg.CommitInterval, c.log)
 	comDone := make(chan struct{})
