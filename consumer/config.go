@@ -170,7 +170,32 @@ type Config struct {
 	// the batch transactions of batched atomic mode (BatchSize > 1): New
 	// refuses both together.
 	Middleware []Middleware
+	// AcceptUnboundedRedelivery states that the operator accepts the risk of
+	// a broker that may redeliver a message after its record has expired
+	// (a Kafka topic with retention.ms = -1: a group whose offsets are reset
+	// replays messages of any age, and one older than SucceededRetention is
+	// processed again). Default false: Run refuses to start (an error
+	// wrapping ErrInvalidConfig and ErrUnboundedRedelivery that names this
+	// field) when the source reports an unbounded horizon
+	// (HorizonReporter returning 0). Set it true to start anyway, with a
+	// warning logged.
+	AcceptUnboundedRedelivery bool
+	// Maintenance, when set, runs beside Run (pull mode) for as long as Run
+	// does: Run calls it in a goroutine with a context that ends when Run
+	// shuts down, and waits for it to return before Run returns. It is
+	// meant for the store's retention loop, e.g.
+	// func(ctx context.Context) error { return st.RunMaintenance(ctx, pgstore.MaintenanceConfig{}) }
+	// (pgstore.Store.RunMaintenance: every instance runs it, one leads).
+	// An error it returns before Run's context ends is logged (error
+	// level); Run goes on. Default nil: opt-in, nothing runs. Not used by
+	// Push.
+	Maintenance func(ctx context.Context) error
 }
+
+// ErrUnboundedRedelivery is wrapped by Run's error when the source's
+// redelivery horizon is unbounded and Config.AcceptUnboundedRedelivery is
+// false.
+var ErrUnboundedRedelivery = errors.New("idemq/consumer: broker redelivery horizon is unbounded")
 
 // ErrInvalidConfig is wrapped by every Config error.
 var ErrInvalidConfig = errors.New("idemq/consumer: invalid config")

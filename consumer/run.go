@@ -18,7 +18,9 @@ import (
 //
 // Before fetching, when src implements HorizonReporter, Run refuses to start
 // (returning an error wrapping dedup.ErrRetentionTooShort) if the store's
-// SucceededRetention is shorter than the broker's redelivery horizon; the
+// SucceededRetention is shorter than the broker's redelivery horizon, or
+// (error wrapping ErrUnboundedRedelivery and ErrInvalidConfig) if the
+// horizon is unbounded and Config.AcceptUnboundedRedelivery is false; the
 // source is then closed. Likewise, with Config.CheckSchema and a store that
 // implements SchemaChecker (*pgstore.Store does), Run first calls its
 // CheckSchema, read-only, and returns its error (e.g. wrapping
@@ -39,6 +41,8 @@ func (c *Consumer) Run(parent context.Context, src Source) error {
 	// work outlives ctx by ShutdownGrace so in-flight handlers can finish.
 	work, release := grace.Work(ctx, c.cfg.ShutdownGrace)
 	defer release()
+	waitMaintenance := c.startMaintenance(ctx)
+	defer func() { cancelRun(); waitMaintenance() }()
 
 	com := newCommitter(src, c.cfg.CommitEvery, c.cfg.CommitInterval, c.log)
 	comDone := make(chan struct{})
@@ -86,10 +90,11 @@ func (c *Consumer) Run(parent context.Context, src Source) error {
 
 // HorizonReporter is implemented by sources that know their broker's
 // redelivery horizon (Kafka: the topic's retention.ms). A zero horizon means
-// unbounded or unknown: Run then logs a warning instead of refusing.
+// unbounded: Run then refuses to start (ErrUnboundedRedelivery) unless
+// Config.AcceptUnboundedRedelivery is set, and only logs a warning if it is.
 type HorizonReporter interface {
 	// RedeliveryHorizon returns how long after a message was produced the
-	// broker may still deliver it again (0: unbounded or unknown).
+	// broker may still deliver it again (0: unbounded).
 	RedeliveryHorizon(ctx context.Context) (time.Duration, error)
 }
 
@@ -103,6 +108,10 @@ func (c *Consumer) checkHorizon(ctx context.Context, src Source) error {
 		return fmt.Errorf("idemq/consumer: redelivery horizon: %w", err)
 	}
 	if h == 0 {
+		if !c.cfg.AcceptUnboundedRedelivery {
+			return fmt.Errorf("%w: %w: a message older than SucceededRetention %s could be processed again; set AcceptUnboundedRedelivery to accept that, or bound the topic's retention.ms",
+				ErrInvalidConfig, ErrUnboundedRedelivery, c.cfg.Store.SucceededRetention())
+		}
 		c.log.Warn("idemq: broker redelivery horizon is unbounded; records expire after SucceededRetention", "retention", c.cfg.Store.SucceededRetention())
 		return nil
 	}

@@ -142,7 +142,15 @@
 // unexpired and non-terminal records (pgstore: TestSQLPurge), and
 // BenchmarkPurgeUnderIngest measures a purge of a million records under a
 // steady ingest for each index layout (docs/operations.md, "Purge cost and
-// indexes").
+// indexes"). Maintenance: two RunMaintenance loops elect one leader by
+// advisory lock and the other takes over when the leader's connection is
+// killed (pgstore: TestMaintenanceLeaderElectionAndTakeover); old dead
+// letters are purged in bounded steps, keeping young ones and unpublished
+// re-drives (pgstore: TestPurgeDeadLetters); `idemq purge -dead-letters`
+// (TestCLIPurgeDeadLetters); `idemq purge` shows progress and, interrupted,
+// reports what it deleted and exits 1 (TestCLIPurgeProgressAndInterrupt); a
+// Kafka topic with retention.ms = -1 is refused unless
+// AcceptUnboundedRedelivery is set (TestKafkaUnboundedRetentionRefused).
 //
 // Round trips in per-message modes: BEGIN travels with the claim and the
 // marks with the COMMIT, counted on the wire per outcome (pgstore:

@@ -6,7 +6,7 @@
 //	idemq dead-letters [flags]      list the dead letters of a scope (or of a scope prefix)
 //	idemq redrive [flags]           make a FAILED_FINAL record retryable again (-message-id),
 //	                                or publish a conflict's dead letter as a new message (-as-new -id N)
-//	idemq purge [flags]             delete expired consumption records
+//	idemq purge [flags]             delete expired consumption records (-dead-letters: old dead letters)
 //	idemq relay [flags]             run an outbox relay until SIGINT/SIGTERM
 //	idemq relay -once [flags]       drain the outbox once (cron-style) and exit
 //	idemq outbox migrate [flags]    create or upgrade the outbox table (-print, -check as for migrate)

@@ -290,27 +290,3 @@ func runRedrive(ctx context.Context, args []string) error {
 	fmt.Printf("%s/%s is FAILED_RETRYABLE: its next delivery runs the handler again\n", scope, *msgID)
 	return nil
 }
-
-func runPurge(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("purge", flag.ContinueOnError)
-	var f storeFlags
-	f.register(fs)
-	batch := fs.Int("batch", 1000, "records read per statement (the expired ones among them are deleted)")
-	if err := parse(fs, args, nil); err != nil {
-		return err
-	}
-	if err := f.postgresOnly("purge"); err != nil {
-		return err
-	}
-	pool, st, err := f.open(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	n, err := st.Purge(ctx, *batch)
-	if err != nil {
-		return err
-	}
-	fmt.Printf("purged %d expired records\n", n)
-	return nil
-}

@@ -109,7 +109,8 @@ func (s *Store) Redrive(ctx context.Context, scope, messageID string) error {
 
 // Purge deletes expired records (expires_at before the database's now()),
 // walking them in primary-key (id, so insertion) order from the oldest, at
-// most batch records per statement (default 1000): each statement reads the
+// most batch records per statement (default 1000, at most 100000, else an
+// error wrapping dedup.ErrInvalidConfig): each statement reads the
 // next batch records and deletes the expired ones among them, so it never
 // deletes more than batch rows. Records without expires_at (PROCESSING,
 // FAILED_RETRYABLE) are never purged, nor any record before its expires_at.
@@ -135,25 +136,7 @@ func (s *Store) Redrive(ctx context.Context, scope, messageID string) error {
 // between statements, or a statement failing).
 func (s *Store) Purge(ctx context.Context, batch int) (int64, error) {
 	if batch <= 0 {
-		batch = 1000
+		batch = DefaultPurgeBatch
 	}
-	var bound int64
-	if err := s.pool.QueryRow(ctx, s.q.purgeBoundSQL).Scan(&bound); err != nil {
-		return 0, fmt.Errorf("idemq: purge: %w", err)
-	}
-	retention := s.cfg.SucceededRetention.Seconds()
-	var total, after int64
-	for {
-		var last *int64
-		var deleted int64
-		var young bool
-		if err := s.pool.QueryRow(ctx, s.q.purgeSQL, after, batch, bound, retention).Scan(&last, &deleted, &young); err != nil {
-			return total, fmt.Errorf("idemq: purge: %w", err)
-		}
-		total += deleted
-		if last == nil || *last >= bound || (deleted == 0 && young) {
-			return total, nil
-		}
-		after = *last
-	}
+	return s.PurgeRecords(ctx, PurgeOptions{Batch: batch})
 }
