@@ -202,6 +202,13 @@
 // one reply of the real Redis and closes the connection, for S18 and for
 // the fast path's Remember (TestRedisFastPathRememberReplyLost).
 //
+// # Telemetry
+//
+// A delivery's span follows the OpenTelemetry messaging semantic
+// conventions for Kafka and RocketMQ messages: "process <topic>",
+// messaging.* attributes, no empty business key, a versioned
+// instrumentation scope (TestTracingSpanFollowsMessagingConventions).
+//
 // # Benchmarks
 //
 // cmd/benchreport is `make bench`: idemq's workloads beside rooflines measured
