@@ -207,7 +207,10 @@
 // A delivery's span follows the OpenTelemetry messaging semantic
 // conventions for Kafka and RocketMQ messages: "process <topic>",
 // messaging.* attributes, no empty business key, a versioned
-// instrumentation scope (TestTracingSpanFollowsMessagingConventions).
+// instrumentation scope (TestTracingSpanFollowsMessagingConventions). The
+// relay's producer spans are "send <topic>", children of the causation
+// context stored with the row, and the record published to Kafka carries
+// the send span's context (TestRelaySendSpansFollowCausation).
 //
 // # Benchmarks
 //

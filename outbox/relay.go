@@ -13,6 +13,8 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/idemq/idemq/internal/grace"
+	"github.com/idemq/idemq/internal/otelx"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Relay publishes outbox rows through a Publisher and marks them published.
@@ -44,6 +46,11 @@ type Relay struct {
 	// brk pauses publishing while the broker is unavailable.
 	brk *breaker
 
+	// tracer makes the producer spans (relay_trace.go); tracing says
+	// whether they can record.
+	tracer  trace.Tracer
+	tracing otelx.Tracing
+
 	// testSignals are set only by this package's tests.
 	testSignals testSignals
 }
@@ -64,6 +71,8 @@ func NewRelay(ob *Outbox, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	}
 	r := &Relay{ob: ob, pub: pub, cfg: cfg, log: cfg.Logger.With("relay", cfg.Name, "outbox", ob.q.table)}
 	r.brk = newBreaker(cfg.OutageBackoffInitial, cfg.OutageBackoffMax, r.log)
+	r.tracer = cfg.TracerProvider.Tracer("github.com/idemq/idemq/outbox", otelx.TracerOptions()...)
+	r.tracing = otelx.NewTracing(cfg.TracerProvider)
 	return r, nil
 }
 

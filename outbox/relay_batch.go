@@ -47,7 +47,9 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	r.batches.Add(1)
 	r.claimed.Add(int64(res.Claimed))
 
+	spans := r.startSendSpans(ctx, chains)
 	published, failed := publishChains(ctx, r.pub, chains, r.cfg.PublishTimeout)
+	spans.end(published, failed)
 	failed, unavailable := splitUnavailable(failed)
 	res.Unavailable = len(unavailable)
 	r.unavailable.Add(int64(len(unavailable)))

@@ -36,3 +36,20 @@ func Extract(ctx context.Context, headers map[string]string) context.Context {
 	}
 	return propagator.Extract(ctx, propagation.MapCarrier(headers))
 }
+
+// Replace returns a copy of headers whose trace context headers are those
+// of the span in ctx, replacing any already there; headers is returned as
+// is when ctx holds no valid span.
+func Replace(ctx context.Context, headers map[string]string) map[string]string {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return headers
+	}
+	out := make(map[string]string, len(headers)+2)
+	for k, v := range headers {
+		out[k] = v
+	}
+	delete(out, wire.TraceparentHeader)
+	delete(out, "tracestate")
+	propagator.Inject(ctx, propagation.MapCarrier(out))
+	return out
+}

@@ -85,7 +85,8 @@ func System(source string) string {
 // MessageAttrs are the OpenTelemetry messaging attributes of one message
 // of destination topic: messaging.system (when system is known),
 // messaging.destination.name, messaging.destination.partition.id (the
-// Kafka partition or RocketMQ queue ID), messaging.kafka.offset (Kafka) or
+// Kafka partition or RocketMQ queue ID; omitted, with the offset, when
+// partition is negative: not known yet), messaging.kafka.offset (Kafka) or
 // messaging.rocketmq.message.keys (RocketMQ, when key is not empty), and
 // messaging.message.id (when not empty). attrs are appended to.
 func MessageAttrs(attrs []attribute.KeyValue, system, topic string, partition int, offset int64, key []byte, messageID string) []attribute.KeyValue {
@@ -95,11 +96,15 @@ func MessageAttrs(attrs []attribute.KeyValue, system, topic string, partition in
 	case systemRocketMQ:
 		attrs = append(attrs, semconv.MessagingSystemRocketMQ)
 	}
-	attrs = append(attrs, semconv.MessagingDestinationName(topic),
-		semconv.MessagingDestinationPartitionID(strconv.Itoa(partition)))
+	attrs = append(attrs, semconv.MessagingDestinationName(topic))
+	if partition >= 0 {
+		attrs = append(attrs, semconv.MessagingDestinationPartitionID(strconv.Itoa(partition)))
+	}
 	switch system {
 	case systemKafka:
-		attrs = append(attrs, semconv.MessagingKafkaOffset(int(offset)))
+		if partition >= 0 {
+			attrs = append(attrs, semconv.MessagingKafkaOffset(int(offset)))
+		}
 	case systemRocketMQ:
 		if len(key) > 0 {
 			attrs = append(attrs, semconv.MessagingRocketMQMessageKeys(strings.Fields(string(key))...))
