@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
@@ -143,6 +144,12 @@ type Config struct {
 	// WithBlocking in production: they export inside span.End(), so a slow
 	// or unreachable collector would hold every delivery.
 	TracerProvider trace.TracerProvider
+	// Propagator reads the trace context and baggage of a delivery from
+	// its headers into the handler's ctx (and the span's parent). Default
+	// nil: the global propagator (otel.GetTextMapPropagator()) once the
+	// application has set one, W3C Trace Context plus W3C Baggage until
+	// then (OpenTelemetry's global propagator is a no-op until set).
+	Propagator propagation.TextMapPropagator
 	// Logger receives a warning per retry, conflict or dead letter and a
 	// debug line per processed or duplicate delivery. Default slog.Default().
 	Logger *slog.Logger

@@ -187,7 +187,7 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 func (c *Consumer) startBatchSpan(ctx context.Context, msgs []*dedup.Message) (context.Context, trace.Span) {
 	var links []trace.Link
 	for _, m := range msgs {
-		if sc := trace.SpanContextFromContext(otelx.Extract(context.Background(), m.Headers)); sc.IsValid() {
+		if sc := trace.SpanContextFromContext(otelx.Extract(context.Background(), c.cfg.Propagator, m.Headers)); sc.IsValid() {
 			links = append(links, trace.Link{SpanContext: sc})
 		}
 	}
@@ -200,7 +200,7 @@ func (c *Consumer) startBatchSpan(ctx context.Context, msgs []*dedup.Message) (c
 // OpenTelemetry messaging attributes (otelx.MessageAttrs, ProcessAttrs).
 // idemq.business_key is set only when the delivery has one.
 func (c *Consumer) startSpan(ctx context.Context, msg *dedup.Message) (context.Context, trace.Span) {
-	ctx = otelx.Extract(ctx, msg.Headers)
+	ctx = otelx.Extract(ctx, c.cfg.Propagator, msg.Headers)
 	attrs := make([]attribute.KeyValue, 0, 12)
 	attrs = otelx.MessageAttrs(attrs, otelx.System(msg.Source), msg.Topic, msg.Partition, msg.Offset, msg.Key, msg.Identity.MessageID)
 	attrs = otelx.ProcessAttrs(attrs, c.cfg.Scope)

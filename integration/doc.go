@@ -210,7 +210,9 @@
 // instrumentation scope (TestTracingSpanFollowsMessagingConventions). The
 // relay's producer spans are "send <topic>", children of the causation
 // context stored with the row, and the record published to Kafka carries
-// the send span's context (TestRelaySendSpansFollowCausation).
+// the send span's context (TestRelaySendSpansFollowCausation). Baggage in
+// a delivery's headers reaches the handler and the outbox rows it writes
+// (TestTracingBaggagePropagates).
 //
 // # Benchmarks
 //

@@ -44,9 +44,9 @@ func (r *Relay) startSendSpans(ctx context.Context, chains [][]item) sendSpans {
 			attrs := make([]attribute.KeyValue, 0, 8)
 			attrs = otelx.MessageAttrs(attrs, system, env.Topic, -1, 0, nil, env.ID.String())
 			attrs = otelx.SendAttrs(attrs)
-			sctx, span := r.tracer.Start(otelx.Extract(ctx, env.Headers), "send "+env.Topic,
+			sctx, span := r.tracer.Start(otelx.Extract(ctx, r.ob.cfg.Propagator, env.Headers), "send "+env.Topic,
 				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
-			env.Headers = otelx.Replace(sctx, env.Headers)
+			env.Headers = otelx.Replace(sctx, r.ob.cfg.Propagator, env.Headers)
 			spans[c[j].seq] = span
 		}
 	}
