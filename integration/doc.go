@@ -212,7 +212,9 @@
 // context stored with the row, and the record published to Kafka carries
 // the send span's context (TestRelaySendSpansFollowCausation). Baggage in
 // a delivery's headers reaches the handler and the outbox rows it writes
-// (TestTracingBaggagePropagates).
+// (TestTracingBaggagePropagates). Two stores, outboxes and relays register
+// their collectors in one registry with const labels, and the relay's
+// counters report its publishes (TestCollectorsRegisterTwiceWithConstLabels).
 //
 // # Benchmarks
 //
