@@ -161,7 +161,7 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "batch not recorded")
-		c.log.Warn("idemq: batch outcome not recorded; will be retried", "deliveries", len(ds), "err", err)
+		c.log.WarnContext(ctx, "idemq: batch outcome not recorded; will be retried", "deliveries", len(ds), "err", err)
 		return nil, err
 	}
 	for j, r := range batch {
@@ -171,12 +171,12 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 		if r.Outcome == "" {
 			if r.Err != nil {
 				// A per-message rerun stopped here: not durable, not acked.
-				c.log.Warn("idemq: outcome not recorded; will be retried", "message_id", ds[i].Message.Identity.MessageID,
+				c.log.WarnContext(ctx, "idemq: outcome not recorded; will be retried", "message_id", ds[i].Message.Identity.MessageID,
 					"source", ds[i].Message.Source, "class", dedup.Classify(r.Err), "handler_called", r.HandlerCalled, "err", r.Err)
 			}
 			break
 		}
-		c.report(ds[i].Message, r)
+		c.report(ctx, ds[i].Message, r)
 	}
 	return results, nil
 }
@@ -265,9 +265,11 @@ func (c *Consumer) extract(msg *dedup.Message) (bk string, err error) {
 
 // report counts and logs a recorded outcome of batched mode, which runs
 // outside the per-delivery chain (see the package doc, "Middleware").
-func (c *Consumer) report(msg *dedup.Message, res dedup.Result) {
+// ctx is the batch's (its span, when one is made), so that the log line
+// carries its trace.
+func (c *Consumer) report(ctx context.Context, msg *dedup.Message, res dedup.Result) {
 	c.count(msg, res)
-	c.logOutcome(context.Background(), msg, res)
+	c.logOutcome(ctx, msg, res)
 }
 
 // count reports a recorded outcome of msg to Config.Metrics (and its

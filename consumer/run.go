@@ -72,7 +72,7 @@ func (c *Consumer) Run(parent context.Context, src Source) error {
 	com.close()
 	<-comDone
 	if err := src.Close(); err != nil && fetchErr == nil && !errors.Is(err, context.Canceled) {
-		c.log.Warn("idemq: close source", "err", err)
+		c.log.WarnContext(ctx, "idemq: close source", "err", err)
 	}
 	return fetchErr
 }
@@ -96,7 +96,7 @@ func (c *Consumer) checkHorizon(ctx context.Context, src Source) error {
 		return fmt.Errorf("idemq/consumer: redelivery horizon: %w", err)
 	}
 	if h == 0 {
-		c.log.Warn("idemq: broker redelivery horizon is unbounded; records expire after SucceededRetention", "retention", c.cfg.Store.SucceededRetention())
+		c.log.WarnContext(ctx, "idemq: broker redelivery horizon is unbounded; records expire after SucceededRetention", "retention", c.cfg.Store.SucceededRetention())
 		return nil
 	}
 	if err := c.cfg.Store.ValidateRetention(h); err != nil {

@@ -215,6 +215,9 @@
 // (TestTracingBaggagePropagates). Two stores, outboxes and relays register
 // their collectors in one registry with const labels, and the relay's
 // counters report its publishes (TestCollectorsRegisterTwiceWithConstLabels).
+// Log lines of a delivery (the consumer's, the Postgres store's) carry its
+// ctx, so a handler reading the span finds its trace
+// (TestLogsCarryTheDeliveryTrace).
 //
 // # Benchmarks
 //

@@ -65,11 +65,11 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	r.failed.Add(int64(res.Failed))
 	r.parked.Add(int64(res.Parked))
 	if len(failed) > 0 {
-		r.log.Warn("idemq: outbox publish failed; will retry", "failed", len(failed), "published", len(published),
+		r.log.WarnContext(ctx, "idemq: outbox publish failed; will retry", "failed", len(failed), "published", len(published),
 			"retry_in", res.RetryIn, "err", failed[0].err)
 	}
 	for _, id := range parkedIDs {
-		r.log.Error("idemq: outbox row parked after too many failed publishes; its key is held until Unpark",
+		r.log.ErrorContext(ctx, "idemq: outbox row parked after too many failed publishes; its key is held until Unpark",
 			"id", id, "max_attempts", r.cfg.MaxAttempts)
 	}
 	return res, nil
