@@ -217,7 +217,9 @@
 // counters report its publishes (TestCollectorsRegisterTwiceWithConstLabels).
 // Log lines of a delivery (the consumer's, the Postgres store's) carry its
 // ctx, so a handler reading the span finds its trace
-// (TestLogsCarryTheDeliveryTrace).
+// (TestLogsCarryTheDeliveryTrace). The Grafana dashboard and alert rules
+// under deploy/ refer only to metrics the collectors export
+// (TestDeployDashboardAndAlertsUseRealMetrics).
 //
 // # Benchmarks
 //
