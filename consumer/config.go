@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/dedup"
@@ -127,10 +128,18 @@ type Config struct {
 	CrashLoop CrashLoopConfig
 	// Metrics receives one call per delivery outcome. Default: none.
 	Metrics Metrics
-	// TracerProvider makes one OpenTelemetry span per delivery ("idemq
-	// deliver <topic>", kind consumer), child of the trace context found in
+	// TracerProvider makes one OpenTelemetry span per delivery ("process
+	// <topic>", kind consumer), child of the trace context found in
 	// the message's W3C "traceparent" header, covering claim, handler and
-	// mark; the handler's ctx carries it. Default: the global provider
+	// mark; the handler's ctx carries it. The span follows the messaging
+	// semantic conventions (semconv v1.43.0): messaging.system (kafka or
+	// rocketmq, from Message.Source), messaging.operation.type and .name
+	// "process", messaging.destination.name, .partition.id,
+	// messaging.kafka.offset (Kafka) or messaging.rocketmq.message.keys,
+	// messaging.consumer.group.name (Scope), messaging.message.id, plus
+	// idemq.source, idemq.outcome, idemq.matched_by, idemq.attempts and
+	// idemq.business_key when there is one. The tracer's instrumentation
+	// scope is "github.com/idemq/idemq/consumer" with the module version. Default: the global provider
 	// (otel.GetTracerProvider(), a no-op unless the application sets one).
 	// While the provider cannot record (noop.TracerProvider, or the global
 	// one before otel.SetTracerProvider) no span is built, which saves 5 to
@@ -143,6 +152,12 @@ type Config struct {
 	// WithBlocking in production: they export inside span.End(), so a slow
 	// or unreachable collector would hold every delivery.
 	TracerProvider trace.TracerProvider
+	// Propagator reads the trace context and baggage of a delivery from
+	// its headers into the handler's ctx (and the span's parent). Default
+	// nil: the global propagator (otel.GetTextMapPropagator()) once the
+	// application has set one, W3C Trace Context plus W3C Baggage until
+	// then (OpenTelemetry's global propagator is a no-op until set).
+	Propagator propagation.TextMapPropagator
 	// Logger receives a warning per retry, conflict or dead letter and a
 	// debug line per processed or duplicate delivery. Default slog.Default().
 	Logger *slog.Logger

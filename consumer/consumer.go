@@ -84,7 +84,7 @@ func New(cfg Config) (*Consumer, error) {
 	log := cfg.Logger.With("scope", cfg.Scope)
 	tx, _ := cfg.Store.(TxStore)
 	c := &Consumer{cfg: cfg, log: log, guard: newCrashGuard(cfg, log), tx: tx, inFlightSet: inFlightSet,
-		tracer: cfg.TracerProvider.Tracer("github.com/idemq/idemq/consumer"), tracing: otelx.NewTracing(cfg.TracerProvider)}
+		tracer: cfg.TracerProvider.Tracer("github.com/idemq/idemq/consumer", otelx.TracerOptions()...), tracing: otelx.NewTracing(cfg.TracerProvider)}
 	c.txh = txHandler(cfg)
 	c.process = c.chain()
 	return c, nil
@@ -161,7 +161,7 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "batch not recorded")
-		c.log.Warn("idemq: batch outcome not recorded; will be retried", "deliveries", len(ds), "err", err)
+		c.log.WarnContext(ctx, "idemq: batch outcome not recorded; will be retried", "deliveries", len(ds), "err", err)
 		return nil, err
 	}
 	for j, r := range batch {
@@ -171,41 +171,44 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []Delivery) ([]dedup.Resu
 		if r.Outcome == "" {
 			if r.Err != nil {
 				// A per-message rerun stopped here: not durable, not acked.
-				c.log.Warn("idemq: outcome not recorded; will be retried", "message_id", ds[i].Message.Identity.MessageID,
+				c.log.WarnContext(ctx, "idemq: outcome not recorded; will be retried", "message_id", ds[i].Message.Identity.MessageID,
 					"source", ds[i].Message.Source, "class", dedup.Classify(r.Err), "handler_called", r.HandlerCalled, "err", r.Err)
 			}
 			break
 		}
-		c.report(ds[i].Message, r)
+		c.report(ctx, ds[i].Message, r)
 	}
 	return results, nil
 }
 
-// startBatchSpan starts the batch's span, linked to the trace context of
-// each message that carries one.
+// startBatchSpan starts the batch's span ("process <topic>", or "process"
+// when the batch spans topics), linked to the trace context of each message
+// that carries one.
 func (c *Consumer) startBatchSpan(ctx context.Context, msgs []*dedup.Message) (context.Context, trace.Span) {
 	var links []trace.Link
 	for _, m := range msgs {
-		if sc := trace.SpanContextFromContext(otelx.Extract(context.Background(), m.Headers)); sc.IsValid() {
+		if sc := trace.SpanContextFromContext(otelx.Extract(context.Background(), c.cfg.Propagator, m.Headers)); sc.IsValid() {
 			links = append(links, trace.Link{SpanContext: sc})
 		}
 	}
-	return c.tracer.Start(ctx, "idemq deliver batch", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...),
-		trace.WithAttributes(attribute.String("messaging.consumer.group.name", c.cfg.Scope), attribute.Int("messaging.batch.message_count", len(msgs))))
+	name, attrs := otelx.BatchProcess(msgs, c.cfg.Scope)
+	return c.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithLinks(links...), trace.WithAttributes(attrs...))
 }
 
 // startSpan starts the delivery's span as a child of the trace context in
-// the message headers.
+// the message headers: "process <topic>", kind consumer, with the
+// OpenTelemetry messaging attributes (otelx.MessageAttrs, ProcessAttrs).
+// idemq.business_key is set only when the delivery has one.
 func (c *Consumer) startSpan(ctx context.Context, msg *dedup.Message) (context.Context, trace.Span) {
-	ctx = otelx.Extract(ctx, msg.Headers)
-	return c.tracer.Start(ctx, "idemq deliver "+msg.Topic, trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			attribute.String("messaging.destination.name", msg.Topic),
-			attribute.String("messaging.consumer.group.name", c.cfg.Scope),
-			attribute.String("messaging.message.id", msg.Identity.MessageID),
-			attribute.String("idemq.business_key", msg.Identity.BusinessKey),
-			attribute.String("idemq.source", msg.Source),
-		))
+	ctx = otelx.Extract(ctx, c.cfg.Propagator, msg.Headers)
+	attrs := make([]attribute.KeyValue, 0, 12)
+	attrs = otelx.MessageAttrs(attrs, otelx.System(msg.Source), msg.Topic, msg.Partition, msg.Offset, msg.Key, msg.Identity.MessageID)
+	attrs = otelx.ProcessAttrs(attrs, c.cfg.Scope)
+	if msg.Identity.BusinessKey != "" {
+		attrs = append(attrs, attribute.String("idemq.business_key", msg.Identity.BusinessKey))
+	}
+	attrs = append(attrs, attribute.String("idemq.source", msg.Source))
+	return c.tracer.Start(ctx, "process "+msg.Topic, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 }
 
 // endSpan records the outcome on the span; failures and conflicts mark it
@@ -262,9 +265,11 @@ func (c *Consumer) extract(msg *dedup.Message) (bk string, err error) {
 
 // report counts and logs a recorded outcome of batched mode, which runs
 // outside the per-delivery chain (see the package doc, "Middleware").
-func (c *Consumer) report(msg *dedup.Message, res dedup.Result) {
+// ctx is the batch's (its span, when one is made), so that the log line
+// carries its trace.
+func (c *Consumer) report(ctx context.Context, msg *dedup.Message, res dedup.Result) {
 	c.count(msg, res)
-	c.logOutcome(context.Background(), msg, res)
+	c.logOutcome(ctx, msg, res)
 }
 
 // count reports a recorded outcome of msg to Config.Metrics (and its

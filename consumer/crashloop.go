@@ -216,7 +216,7 @@ func (s *laneSession) admit(ctx context.Context, upTo int64) error {
 	case !s.started:
 		s.started, s.w0, s.budget, s.marked = true, prev, s.inFlight, map[int64]bool{}
 		if upTo <= prev {
-			s.g.log.Info("idemq: lane starts at or below its watermark: its first unfinished deliveries may replay a crash and run after a start marker",
+			s.g.log.InfoContext(ctx, "idemq: lane starts at or below its watermark: its first unfinished deliveries may replay a crash and run after a start marker",
 				"lane", s.lane, "offset", upTo, "watermark", prev, "marked_at_most", s.inFlight)
 		}
 	case prev > s.covered:
@@ -313,7 +313,7 @@ func (g *crashGuard) runMarked(ctx context.Context, msg *dedup.Message, process 
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		if cerr := g.sm.ClearStart(cctx, m); cerr != nil {
-			g.log.Warn("idemq: start marker not withdrawn; the next start may count this run as a crash", "message_id", msg.Identity.MessageID, "err", cerr)
+			g.log.WarnContext(ctx, "idemq: start marker not withdrawn; the next start may count this run as a crash", "message_id", msg.Identity.MessageID, "err", cerr)
 		}
 		cancel()
 	}

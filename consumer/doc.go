@@ -46,8 +46,9 @@
 // A Middleware is a plain function, func(next ProcessFunc) ProcessFunc, in
 // the style of Watermill's router. The chain, outermost first:
 //
-//  1. tracing: one span per delivery attempt ("idemq deliver <topic>"), child
-//     of the message's traceparent header (Config.TracerProvider); what
+//  1. tracing: one span per delivery attempt ("process <topic>", with the
+//     OpenTelemetry messaging attributes), child of the message's trace
+//     context headers (Config.TracerProvider); what
 //     runs below, the handler included, gets its ctx;
 //  2. recover: a panic below (a user middleware, a Metrics implementation,
 //     the store) becomes an error wrapping *dedup.PanicError, logged with
@@ -70,7 +71,7 @@
 //
 // The chain is built once in New. Batched atomic mode (BatchSize > 1) runs a
 // batch in one transaction, outside the per-delivery chain: its span is
-// "idemq deliver batch", metrics and logs are reported per delivery, the
+// "process <topic>" linked to each message's trace context, metrics and logs are reported per delivery, the
 // timeout applies to each handler execution, and Config.Middleware is
 // refused with it.
 //

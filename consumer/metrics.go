@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/promx"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -112,10 +113,15 @@ type PrometheusMetrics struct {
 
 // NewPrometheusMetrics registers the metrics with reg
 // (prometheus.DefaultRegisterer when nil) and returns the Metrics. It returns
-// the registration error, e.g. when registered twice.
-func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error) {
+// the registration error, e.g. when registered twice with the same const
+// labels; opts add const labels (promx.ConstLabels), so that several
+// consumers' metrics can share a registry.
+func NewPrometheusMetrics(reg prometheus.Registerer, opts ...promx.Option) (*PrometheusMetrics, error) {
 	if reg == nil {
 		reg = prometheus.DefaultRegisterer
+	}
+	if cl := promx.Apply(opts).ConstLabels; len(cl) > 0 {
+		reg = prometheus.WrapRegistererWith(cl, reg)
 	}
 	m := &PrometheusMetrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -170,18 +176,23 @@ type FastPathStatser interface {
 // including calls skipped by the fast path's open circuit breaker).
 // Register it with prometheus.Register(consumer.StoreCollector(store)); the
 // breaker's own metrics come from redisfast.FastPath.Collector.
-func StoreCollector(st FastPathStatser) prometheus.Collector { return storeCollector{st} }
+// opts add const labels (promx.ConstLabels), so that several stores'
+// collectors can share a registry.
+func StoreCollector(st FastPathStatser, opts ...promx.Option) prometheus.Collector {
+	return storeCollector{st: st, fastPathDesc: promx.Apply(opts).NewDesc("idemq_fastpath_total",
+		"Dedup fast-path lookups by result (hit, miss, error).", []string{"result"})}
+}
 
-var fastPathDesc = prometheus.NewDesc("idemq_fastpath_total",
-	"Dedup fast-path lookups by result (hit, miss, error).", []string{"result"}, nil)
+type storeCollector struct {
+	st           FastPathStatser
+	fastPathDesc *prometheus.Desc
+}
 
-type storeCollector struct{ st FastPathStatser }
-
-func (c storeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- fastPathDesc }
+func (c storeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.fastPathDesc }
 
 func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	hits, misses, errs := c.st.FastPathStats()
-	ch <- prometheus.MustNewConstMetric(fastPathDesc, prometheus.CounterValue, float64(hits), "hit")
-	ch <- prometheus.MustNewConstMetric(fastPathDesc, prometheus.CounterValue, float64(misses), "miss")
-	ch <- prometheus.MustNewConstMetric(fastPathDesc, prometheus.CounterValue, float64(errs), "error")
+	ch <- prometheus.MustNewConstMetric(c.fastPathDesc, prometheus.CounterValue, float64(hits), "hit")
+	ch <- prometheus.MustNewConstMetric(c.fastPathDesc, prometheus.CounterValue, float64(misses), "miss")
+	ch <- prometheus.MustNewConstMetric(c.fastPathDesc, prometheus.CounterValue, float64(errs), "error")
 }

@@ -200,7 +200,7 @@ func (c *Consumer) metricsMiddleware(next ProcessFunc) ProcessFunc {
 func (c *Consumer) tracingMiddleware(next ProcessFunc) ProcessFunc {
 	return func(ctx context.Context, d *Delivery) (dedup.Result, error) {
 		if !c.tracing.On() {
-			return next(otelx.Extract(ctx, d.Message.Headers), d)
+			return next(otelx.Extract(ctx, c.cfg.Propagator, d.Message.Headers), d)
 		}
 		ctx, span := c.startSpan(ctx, d.Message)
 		defer span.End()

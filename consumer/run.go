@@ -83,7 +83,7 @@ func (c *Consumer) Run(parent context.Context, src Source) error {
 	com.close()
 	<-comDone
 	if err := src.Close(); err != nil && fetchErr == nil && !errors.Is(err, context.Canceled) {
-		c.log.Warn("idemq: close source", "err", err)
+		c.log.WarnContext(ctx, "idemq: close source", "err", err)
 	}
 	return fetchErr
 }
@@ -112,7 +112,7 @@ func (c *Consumer) checkHorizon(ctx context.Context, src Source) error {
 			return fmt.Errorf("%w: %w: a message older than SucceededRetention %s could be processed again; set AcceptUnboundedRedelivery to accept that, or bound the topic's retention.ms",
 				ErrInvalidConfig, ErrUnboundedRedelivery, c.cfg.Store.SucceededRetention())
 		}
-		c.log.Warn("idemq: broker redelivery horizon is unbounded; records expire after SucceededRetention", "retention", c.cfg.Store.SucceededRetention())
+		c.log.WarnContext(ctx, "idemq: broker redelivery horizon is unbounded; records expire after SucceededRetention", "retention", c.cfg.Store.SucceededRetention())
 		return nil
 	}
 	if err := c.cfg.Store.ValidateRetention(h); err != nil {

@@ -30,7 +30,7 @@ func (m *Middleware) processLeased(ctx context.Context, w http.ResponseWriter, r
 	id := c.msg.Identity
 	stored, err := m.hs.Stored(ctx, id)
 	if err != nil {
-		m.cfg.Logger.Error("httpidem: lease: read record", "scope", id.Scope, "key", id.MessageID, "err", err)
+		m.cfg.Logger.ErrorContext(ctx, "httpidem: lease: read record", "scope", id.Scope, "key", id.MessageID, "err", err)
 		return m.unavailable(w)
 	}
 	// The fingerprint is compared under the version stored with the record.
@@ -45,7 +45,7 @@ func (m *Middleware) processLeased(ctx context.Context, w http.ResponseWriter, r
 	if stored.Status == "" {
 		n, err := m.hs.CountUnfinished(ctx, c.principal, m.cfg.RetryWindow, m.cfg.MaxUnfinished)
 		if err != nil {
-			m.cfg.Logger.Error("httpidem: lease: count unfinished", "scope", id.Scope, "key", id.MessageID, "err", err)
+			m.cfg.Logger.ErrorContext(ctx, "httpidem: lease: count unfinished", "scope", id.Scope, "key", id.MessageID, "err", err)
 			return m.unavailable(w)
 		}
 		if n >= m.cfg.MaxUnfinished {
@@ -77,7 +77,7 @@ func (m *Middleware) processLeased(ctx context.Context, w http.ResponseWriter, r
 		span.SetAttributes(attribute.Int("idemq.http.attempt", res.Attempts))
 	}
 	if err != nil {
-		m.cfg.Logger.Error("httpidem: lease: outcome not recorded", "scope", id.Scope, "key", id.MessageID, "handler_called", res.HandlerCalled, "err", err)
+		m.cfg.Logger.ErrorContext(ctx, "httpidem: lease: outcome not recorded", "scope", id.Scope, "key", id.MessageID, "handler_called", res.HandlerCalled, "err", err)
 		return m.unavailable(w)
 	}
 	switch res.Outcome {
@@ -88,7 +88,7 @@ func (m *Middleware) processLeased(ctx context.Context, w http.ResponseWriter, r
 		st, err := m.hs.Stored(ctx, id)
 		switch {
 		case err != nil:
-			m.cfg.Logger.Error("httpidem: lease: read stored response", "scope", id.Scope, "key", id.MessageID, "err", err)
+			m.cfg.Logger.ErrorContext(ctx, "httpidem: lease: read stored response", "scope", id.Scope, "key", id.MessageID, "err", err)
 			return m.unavailable(w)
 		case st.Status == dedup.StatusFailedFinal:
 			return m.exhausted(w, res.Attempts)
@@ -109,7 +109,7 @@ func (m *Middleware) processLeased(ctx context.Context, w http.ResponseWriter, r
 			return m.exhausted(w, res.Attempts)
 		}
 	default:
-		m.cfg.Logger.Error("httpidem: lease: unexpected outcome", "outcome", res.Outcome, "err", res.Err)
+		m.cfg.Logger.ErrorContext(ctx, "httpidem: lease: unexpected outcome", "outcome", res.Outcome, "err", res.Err)
 		return m.unavailable(w)
 	}
 	if last == nil {

@@ -186,7 +186,7 @@ func (m *Middleware) process(w http.ResponseWriter, r *http.Request, next http.H
 		span.SetAttributes(attribute.Int("idemq.http.attempt", res.Result.Attempts))
 	}
 	if err != nil {
-		m.cfg.Logger.Error("httpidem: outcome not recorded", "scope", scope, "key", req.key, "handler_called", res.Result.HandlerCalled, "err", err)
+		m.cfg.Logger.ErrorContext(ctx, "httpidem: outcome not recorded", "scope", scope, "key", req.key, "handler_called", res.Result.HandlerCalled, "err", err)
 		return m.unavailable(w)
 	}
 	switch res.Outcome {

@@ -216,6 +216,25 @@
 // one reply of the real Redis and closes the connection, for S18 and for
 // the fast path's Remember (TestRedisFastPathRememberReplyLost).
 //
+// # Telemetry
+//
+// A delivery's span follows the OpenTelemetry messaging semantic
+// conventions for Kafka and RocketMQ messages: "process <topic>",
+// messaging.* attributes, no empty business key, a versioned
+// instrumentation scope (TestTracingSpanFollowsMessagingConventions). The
+// relay's producer spans are "send <topic>", children of the causation
+// context stored with the row, and the record published to Kafka carries
+// the send span's context (TestRelaySendSpansFollowCausation). Baggage in
+// a delivery's headers reaches the handler and the outbox rows it writes
+// (TestTracingBaggagePropagates). Two stores, outboxes and relays register
+// their collectors in one registry with const labels, and the relay's
+// counters report its publishes (TestCollectorsRegisterTwiceWithConstLabels).
+// Log lines of a delivery (the consumer's, the Postgres store's) carry its
+// ctx, so a handler reading the span finds its trace
+// (TestLogsCarryTheDeliveryTrace). The Grafana dashboard and alert rules
+// under deploy/ refer only to metrics the collectors export
+// (TestDeployDashboardAndAlertsUseRealMetrics).
+//
 // # Benchmarks
 //
 // cmd/benchreport is `make bench`: idemq's workloads beside rooflines measured

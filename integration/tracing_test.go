@@ -45,7 +45,7 @@ func TestTracingAcrossDeliveryAndOutbox(t *testing.T) {
 		t.Fatalf("spans = %d, want 1", len(spans))
 	}
 	sp := spans[0]
-	if sp.Name() != "idemq deliver orders" || sp.Parent().TraceID().String() != "0af7651916cd43dd8448eb211c80319c" || sp.SpanKind() != trace.SpanKindConsumer {
+	if sp.Name() != "process orders" || sp.Parent().TraceID().String() != "0af7651916cd43dd8448eb211c80319c" || sp.SpanKind() != trace.SpanKindConsumer {
 		t.Fatalf("span %q parent %v kind %v", sp.Name(), sp.Parent().TraceID(), sp.SpanKind())
 	}
 	attrs := map[string]string{}

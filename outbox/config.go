@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/idemq/idemq/wire"
+	"go.opentelemetry.io/otel/propagation"
 )
 
 // Config configures an Outbox. The zero value of every field means "use the
@@ -44,6 +45,12 @@ type Config struct {
 	// writers commit at very high rates (NOTIFY takes a global lock at
 	// commit); relays then find rows by polling (RelayConfig.PollInterval).
 	DisableNotify bool
+	// Propagator writes the trace context and baggage of Add's ctx into
+	// the row's headers, and the relay reads them back for its send span.
+	// Default nil: the global propagator (otel.GetTextMapPropagator()) once
+	// the application has set one, W3C Trace Context plus W3C Baggage until
+	// then.
+	Propagator propagation.TextMapPropagator
 }
 
 var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)

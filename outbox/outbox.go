@@ -227,7 +227,7 @@ func (o *Outbox) AddBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]uui
 		}
 		// The trace context of the handler's span travels with the message,
 		// so the next consumer's span continues the trace.
-		h := otelx.Inject(ctx, m.Headers)
+		h := otelx.Inject(ctx, o.cfg.Propagator, m.Headers)
 		if h == nil {
 			h = map[string]string{}
 		}

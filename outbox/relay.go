@@ -13,6 +13,8 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/idemq/idemq/internal/grace"
+	"github.com/idemq/idemq/internal/otelx"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Relay publishes outbox rows through a Publisher and marks them published.
@@ -44,6 +46,11 @@ type Relay struct {
 	// brk pauses publishing while the broker is unavailable.
 	brk *breaker
 
+	// tracer makes the producer spans (relay_trace.go); tracing says
+	// whether they can record.
+	tracer  trace.Tracer
+	tracing otelx.Tracing
+
 	// testSignals are set only by this package's tests.
 	testSignals testSignals
 }
@@ -64,6 +71,8 @@ func NewRelay(ob *Outbox, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	}
 	r := &Relay{ob: ob, pub: pub, cfg: cfg, log: cfg.Logger.With("relay", cfg.Name, "outbox", ob.q.table)}
 	r.brk = newBreaker(cfg.OutageBackoffInitial, cfg.OutageBackoffMax, r.log)
+	r.tracer = cfg.TracerProvider.Tracer("github.com/idemq/idemq/outbox", otelx.TracerOptions()...)
+	r.tracing = otelx.NewTracing(cfg.TracerProvider)
 	return r, nil
 }
 
@@ -159,10 +168,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.purgeLoop(ctx) }()
 	}
-	r.log.Info("idemq: relay started", "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "listen", !r.cfg.DisableListen)
+	r.log.InfoContext(ctx, "idemq: relay started", "workers", r.cfg.Workers, "batch_size", r.cfg.BatchSize, "listen", !r.cfg.DisableListen)
 	wg.Wait()
 	s := r.Stats()
-	r.log.Info("idemq: relay stopped", "published", s.Published, "failed", s.Failed, "parked", s.Parked)
+	r.log.InfoContext(ctx, "idemq: relay stopped", "published", s.Published, "failed", s.Failed, "parked", s.Parked)
 	return nil
 }
 
@@ -203,7 +212,7 @@ func (r *Relay) worker(ctx, work context.Context, wake <-chan struct{}) {
 		case err != nil:
 			r.dbErrors.Add(1)
 			wait = errBackoff.NextBackOff()
-			r.log.Warn("idemq: relay batch failed; its rows will be published again", "err", err, "retry_in", wait)
+			r.log.WarnContext(ctx, "idemq: relay batch failed; its rows will be published again", "err", err, "retry_in", wait)
 		case res.Unavailable > 0:
 			errBackoff.Reset()
 			continue // the breaker is open: admit says how long to wait
@@ -270,7 +279,7 @@ func (r *Relay) listen(ctx context.Context) {
 		err := r.listenOnce(ctx, func() {
 			if down {
 				down = false
-				r.log.Info("idemq: relay LISTEN connection back; polling every PollInterval again", "poll_every", r.cfg.PollInterval)
+				r.log.InfoContext(ctx, "idemq: relay LISTEN connection back; polling every PollInterval again", "poll_every", r.cfg.PollInterval)
 			}
 		})
 		if ctx.Err() != nil {
@@ -281,7 +290,7 @@ func (r *Relay) listen(ctx context.Context) {
 		}
 		d := b.NextBackOff()
 		if down {
-			r.log.Debug("idemq: relay LISTEN reconnect failed; still polling", "err", err, "retry_in", d)
+			r.log.DebugContext(ctx, "idemq: relay LISTEN reconnect failed; still polling", "err", err, "retry_in", d)
 		} else {
 			// Fall back to polling now: the workers may be waiting out a
 			// long PollInterval, and rows committed from here on wake
@@ -289,7 +298,7 @@ func (r *Relay) listen(ctx context.Context) {
 			down = true
 			r.listenLost.Add(1)
 			r.Wake()
-			r.log.Warn("idemq: relay LISTEN connection lost; polling meanwhile", "err", err,
+			r.log.WarnContext(ctx, "idemq: relay LISTEN connection lost; polling meanwhile", "err", err,
 				"poll_every", r.cfg.FallbackPollInterval, "retry_in", d)
 		}
 		t := time.NewTimer(d)
@@ -347,9 +356,9 @@ func (r *Relay) purgeLoop(ctx context.Context) {
 		n, err := r.ob.Purge(ctx, r.cfg.Retention, r.cfg.PurgeBatch)
 		r.purged.Add(n)
 		if err != nil && ctx.Err() == nil {
-			r.log.Warn("idemq: outbox purge failed; will retry", "err", err)
+			r.log.WarnContext(ctx, "idemq: outbox purge failed; will retry", "err", err)
 		} else if n > 0 {
-			r.log.Debug("idemq: outbox purged", "rows", n)
+			r.log.DebugContext(ctx, "idemq: outbox purged", "rows", n)
 		}
 	}
 }

@@ -47,7 +47,9 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	r.batches.Add(1)
 	r.claimed.Add(int64(res.Claimed))
 
+	spans := r.startSendSpans(ctx, chains)
 	published, failed := publishChains(ctx, r.pub, chains, r.cfg.PublishTimeout)
+	spans.end(published, failed)
 	failed, unavailable := splitUnavailable(failed)
 	res.Unavailable = len(unavailable)
 	r.unavailable.Add(int64(len(unavailable)))
@@ -63,11 +65,11 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	r.failed.Add(int64(res.Failed))
 	r.parked.Add(int64(res.Parked))
 	if len(failed) > 0 {
-		r.log.Warn("idemq: outbox publish failed; will retry", "failed", len(failed), "published", len(published),
+		r.log.WarnContext(ctx, "idemq: outbox publish failed; will retry", "failed", len(failed), "published", len(published),
 			"retry_in", res.RetryIn, "err", failed[0].err)
 	}
 	for _, id := range parkedIDs {
-		r.log.Error("idemq: outbox row parked after too many failed publishes; its key is held until Unpark",
+		r.log.ErrorContext(ctx, "idemq: outbox row parked after too many failed publishes; its key is held until Unpark",
 			"id", id, "max_attempts", r.cfg.MaxAttempts)
 	}
 	return res, nil

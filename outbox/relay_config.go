@@ -8,6 +8,9 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // RelayConfig configures a Relay. Every zero value means the default given in
@@ -111,6 +114,16 @@ type RelayConfig struct {
 	// Logger receives warnings (failed publishes, database errors) and
 	// errors (parked rows). Default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider makes one OpenTelemetry producer span per row
+	// published ("send <topic>", messaging.operation.type "send",
+	// messaging.message.id the row's ID, messaging.system when the
+	// Publisher implements MessagingSystem), child of the trace context
+	// stored in the row's headers when Add's ctx had one; the published
+	// headers carry the send span's context instead. The span ends with
+	// status Ok when the broker acknowledged the row, Error (with the
+	// error recorded) when the publish failed. Default: the global provider
+	// (otel.GetTracerProvider()); no span is built while it cannot record.
+	TracerProvider trace.TracerProvider
 }
 
 // testSignals are fault-injection points set only by this package's tests
@@ -160,6 +173,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	def(&c.ShutdownGrace, 10*time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
 	}
 	return c
 }

@@ -107,7 +107,7 @@ func (s *Store) processBatchPG(ctx context.Context, msgs []*dedup.Message, fps [
 	case class == dedup.FailureOutcomeUnknown:
 		return calledResults(called), failure
 	}
-	s.cfg.Logger.Warn("idemq: batch could not commit; rerunning it one message per transaction to find the culprit",
+	s.cfg.Logger.WarnContext(ctx, "idemq: batch could not commit; rerunning it one message per transaction to find the culprit",
 		"messages", len(msgs), "class", class, "err", failure)
 	return s.rerunOneByOne(ctx, msgs, fps, w.perMessage(), called, sole)
 }

@@ -46,7 +46,7 @@ func (s *Store) fastLookupBatch(ctx context.Context, msgs []*dedup.Message, fps 
 	if err != nil {
 		s.fast.errors.Add(int64(len(ids)))
 		if !errors.Is(err, dedup.ErrFastPathSkipped) {
-			s.cfg.Logger.Debug("idemq: fast path batch lookup failed; using Postgres", "messages", len(ids), "err", err)
+			s.cfg.Logger.DebugContext(ctx, "idemq: fast path batch lookup failed; using Postgres", "messages", len(ids), "err", err)
 		}
 		return results, hit
 	}
@@ -154,7 +154,7 @@ func (s *Store) fastRememberBatch(ctx context.Context, msgs []*dedup.Message, fp
 	if err := bf.RememberBatch(context.WithoutCancel(ctx), ids, entries); err != nil {
 		s.fast.errors.Add(int64(len(ids)))
 		if !errors.Is(err, dedup.ErrFastPathSkipped) {
-			s.cfg.Logger.Debug("idemq: fast path batch remember failed", "messages", len(ids), "err", err)
+			s.cfg.Logger.DebugContext(ctx, "idemq: fast path batch remember failed", "messages", len(ids), "err", err)
 		}
 	}
 }

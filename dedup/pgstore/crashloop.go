@@ -184,7 +184,7 @@ func (s *Store) markStart(ctx context.Context, msg *dedup.Message, sum []byte, k
 		t := clip(fmt.Sprintf("idemq: the process died while the handler ran (attempt %d, found by a start marker after a restart)", attempts), s.cfg.MaxErrorBytes)
 		c := classProcessDied
 		errText, errClass = &t, &c
-		s.cfg.Logger.Warn("idemq: a handler run died with its process; counted as an attempt", "identity", id.String(),
+		s.cfg.Logger.WarnContext(ctx, "idemq: a handler run died with its process; counted as an attempt", "identity", id.String(),
 			"attempts", attempts, "max_attempts", s.cfg.MaxAttempts, "source", msg.Source)
 	}
 	set := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
@@ -241,7 +241,7 @@ func (s *Store) exhaustLostExecution(ctx context.Context, tx pgx.Tx, l lostExecu
 	if err != nil {
 		return dedup.Result{}, err
 	}
-	s.cfg.Logger.Warn("idemq: attempts exhausted by executions that never reported an outcome; dead-lettered without running the handler",
+	s.cfg.Logger.WarnContext(ctx, "idemq: attempts exhausted by executions that never reported an outcome; dead-lettered without running the handler",
 		"identity", msg.Identity.String(), "attempts", n, "source", msg.Source)
 	return dedup.Result{Outcome: dedup.OutcomeDeadLetter, MatchedBy: l.by, Status: dedup.StatusFailedFinal, Attempts: n, Err: cause,
 		Reason: dedup.ReasonAttemptsExhausted, DeadLetterID: dlID}, nil

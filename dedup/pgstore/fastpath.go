@@ -28,7 +28,7 @@ func (s *Store) fastLookup(ctx context.Context, msg *dedup.Message) (dedup.Resul
 	if err != nil {
 		s.fast.errors.Add(1)
 		if !errors.Is(err, dedup.ErrFastPathSkipped) {
-			s.cfg.Logger.Debug("idemq: fast path lookup failed; using Postgres", "identity", msg.Identity.String(), "err", err)
+			s.cfg.Logger.DebugContext(ctx, "idemq: fast path lookup failed; using Postgres", "identity", msg.Identity.String(), "err", err)
 		}
 		return dedup.Result{}, false
 	}
@@ -50,7 +50,7 @@ func (s *Store) fastRemember(ctx context.Context, id dedup.Identity, sum []byte,
 	if err := s.cfg.FastPath.Remember(context.WithoutCancel(ctx), id, dedup.FastPathEntry{Fingerprint: sum, KeyID: keyID}); err != nil {
 		s.fast.errors.Add(1)
 		if !errors.Is(err, dedup.ErrFastPathSkipped) {
-			s.cfg.Logger.Debug("idemq: fast path remember failed", "identity", id.String(), "err", err)
+			s.cfg.Logger.DebugContext(ctx, "idemq: fast path remember failed", "identity", id.String(), "err", err)
 		}
 	}
 }

@@ -104,7 +104,7 @@ func retryWhile[T any](ctx context.Context, p RetryPolicy, log *slog.Logger, wha
 		return res, err
 	}, backoff.WithBackOff(b), backoff.WithMaxTries(p.tries()), backoff.WithMaxElapsedTime(0),
 		backoff.WithNotify(func(err error, d time.Duration) {
-			log.Debug("idemq: retrying in place", "what", what, "class", dedup.Classify(err), "after", d, "err", err)
+			log.DebugContext(ctx, "idemq: retrying in place", "what", what, "class", dedup.Classify(err), "after", d, "err", err)
 		}))
 	if err != nil && last != nil && !errors.Is(last, err) {
 		// backoff answers with ctx's cause alone when ctx ended between

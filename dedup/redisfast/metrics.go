@@ -1,15 +1,8 @@
 package redisfast
 
-import "github.com/prometheus/client_golang/prometheus"
-
-var (
-	breakerStateDesc = prometheus.NewDesc("idemq_fastpath_breaker_state",
-		"State of the Redis fast path's circuit breaker: 0 closed (Redis used), 1 half-open (probing), 2 open (Redis skipped).", nil, nil)
-	breakerTransitionsDesc = prometheus.NewDesc("idemq_fastpath_breaker_transitions_total",
-		"State changes of the Redis fast path's circuit breaker; from=closed,to=open is an outage beginning, from=half_open,to=closed its end.",
-		[]string{"from", "to"}, nil)
-	breakerSkippedDesc = prometheus.NewDesc("idemq_fastpath_breaker_skipped_total",
-		"Fast-path calls answered without Redis because the circuit breaker was open (also counted in idemq_fastpath_total{result=\"error\"}).", nil, nil)
+import (
+	"github.com/idemq/idemq/promx"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Collector exports the circuit breaker of f (BreakerStats) for Prometheus:
@@ -25,21 +18,36 @@ var (
 //
 // Register it beside consumer.StoreCollector (which counts
 // idemq_fastpath_total): prometheus.MustRegister(fast.Collector()). One
-// FastPath per registry; wrap the registerer
-// (prometheus.WrapRegistererWith) to register several.
-func (f *FastPath) Collector() prometheus.Collector { return collector{f} }
+// FastPath per registry unless opts give each its own const labels
+// (promx.ConstLabels), or the registerer is wrapped
+// (prometheus.WrapRegistererWith).
+func (f *FastPath) Collector(opts ...promx.Option) prometheus.Collector {
+	po := promx.Apply(opts)
+	return collector{f: f,
+		breakerStateDesc: po.NewDesc("idemq_fastpath_breaker_state",
+			"State of the Redis fast path's circuit breaker: 0 closed (Redis used), 1 half-open (probing), 2 open (Redis skipped).", nil),
+		breakerTransitionsDesc: po.NewDesc("idemq_fastpath_breaker_transitions_total",
+			"State changes of the Redis fast path's circuit breaker; from=closed,to=open is an outage beginning, from=half_open,to=closed its end.",
+			[]string{"from", "to"}),
+		breakerSkippedDesc: po.NewDesc("idemq_fastpath_breaker_skipped_total",
+			"Fast-path calls answered without Redis because the circuit breaker was open (also counted in idemq_fastpath_total{result=\"error\"}).", nil),
+	}
+}
 
-type collector struct{ f *FastPath }
+type collector struct {
+	f                                                            *FastPath
+	breakerStateDesc, breakerTransitionsDesc, breakerSkippedDesc *prometheus.Desc
+}
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- breakerStateDesc
-	ch <- breakerTransitionsDesc
-	ch <- breakerSkippedDesc
+	ch <- c.breakerStateDesc
+	ch <- c.breakerTransitionsDesc
+	ch <- c.breakerSkippedDesc
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	s := c.f.BreakerStats()
-	ch <- prometheus.MustNewConstMetric(breakerStateDesc, prometheus.GaugeValue, float64(s.State))
+	ch <- prometheus.MustNewConstMetric(c.breakerStateDesc, prometheus.GaugeValue, float64(s.State))
 	for _, t := range []struct {
 		from, to BreakerState
 		n        int64
@@ -49,7 +57,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		{BreakerHalfOpen, BreakerOpen, s.ProbesFailed},
 		{BreakerHalfOpen, BreakerClosed, s.Closed},
 	} {
-		ch <- prometheus.MustNewConstMetric(breakerTransitionsDesc, prometheus.CounterValue, float64(t.n), t.from.String(), t.to.String())
+		ch <- prometheus.MustNewConstMetric(c.breakerTransitionsDesc, prometheus.CounterValue, float64(t.n), t.from.String(), t.to.String())
 	}
-	ch <- prometheus.MustNewConstMetric(breakerSkippedDesc, prometheus.CounterValue, float64(s.Skipped))
+	ch <- prometheus.MustNewConstMetric(c.breakerSkippedDesc, prometheus.CounterValue, float64(s.Skipped))
 }

@@ -102,7 +102,9 @@ func Run(ctx context.Context, p Params) (dedup.Result, error) {
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		warn := func(err error) { log.Warn("idemq: lease renewal failed", "identity", l.Identity.String(), "err", err) }
+		warn := func(err error) {
+			log.WarnContext(ctx, "idemq: lease renewal failed", "identity", l.Identity.String(), "err", err)
+		}
 		switch leasewatch.Keep(hctx, opt.TTL, opt.Heartbeat, stop, marks.Renew, warn) {
 		case leasewatch.Fenced:
 			cancel(dedup.ErrFenced)
@@ -142,7 +144,7 @@ func Run(ctx context.Context, p Params) (dedup.Result, error) {
 		// A shutdown is not the message's fault: give the lease back without
 		// counting the attempt, and do not ack.
 		if rerr := marks.Release(mctx); rerr != nil {
-			log.Warn("idemq: release lease", "identity", l.Identity.String(), "err", rerr)
+			log.WarnContext(ctx, "idemq: release lease", "identity", l.Identity.String(), "err", rerr)
 		}
 		return res, fmt.Errorf("%w: handler interrupted: %w", dedup.ErrOutcomeUnknown, errors.Join(ctx.Err(), herr))
 	}
