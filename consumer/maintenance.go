@@ -12,7 +12,7 @@ func (c *Consumer) startMaintenance(ctx context.Context) (wait func()) {
 	go func() {
 		defer close(done)
 		if err := c.cfg.Maintenance(ctx); err != nil && ctx.Err() == nil {
-			c.log.Error("idemq: maintenance stopped", "err", err)
+			c.log.ErrorContext(ctx, "idemq: maintenance stopped", "err", err)
 		}
 	}()
 	return func() { <-done }

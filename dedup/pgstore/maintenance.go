@@ -185,16 +185,16 @@ func (s *Store) RunMaintenance(ctx context.Context, cfg MaintenanceConfig) error
 	for {
 		conn, err := s.tryLead(ctx, cfg)
 		if err != nil && ctx.Err() == nil {
-			cfg.Logger.Warn("idemq: maintenance: lock", "err", err)
+			cfg.Logger.WarnContext(ctx, "idemq: maintenance: lock", "err", err)
 		}
 		if conn != nil {
-			cfg.Logger.Info("idemq: maintenance: leading", "lock_key", cfg.LockKey)
+			cfg.Logger.InfoContext(ctx, "idemq: maintenance: leading", "lock_key", cfg.LockKey)
 			cfg.Metrics.setLeader(true)
 			err := s.lead(ctx, conn, m, cfg)
 			cfg.Metrics.setLeader(false)
 			s.releaseLead(conn, cfg, err)
 			if ctx.Err() == nil {
-				cfg.Logger.Warn("idemq: maintenance: lost the lead", "err", err)
+				cfg.Logger.WarnContext(ctx, "idemq: maintenance: lost the lead", "err", err)
 			}
 		}
 		if !sleep(ctx, cfg.LockRetry) {
@@ -255,7 +255,7 @@ func (s *Store) lead(ctx context.Context, conn *pgxpool.Conn, m maintQueries, cf
 			if held { // re-entrant: drop the extra hold
 				_, _ = conn.Exec(ctx, "select pg_advisory_unlock($1)", cfg.LockKey)
 			}
-			cfg.Logger.Warn("idemq: maintenance: pass failed", "err", err)
+			cfg.Logger.WarnContext(ctx, "idemq: maintenance: pass failed", "err", err)
 		} else {
 			cfg.Metrics.passDone(time.Since(start))
 		}
@@ -277,7 +277,7 @@ func (s *Store) pass(ctx context.Context, conn *pgxpool.Conn, m maintQueries, cf
 		dls, err = walkPurge(ctx, conn, "purge dead letters", m.deadLettersPurgeBoundSQL, m.deadLettersPurgeSQL, cfg.Batch, cfg.DeadLetterRetention, cfg.Pause, nil)
 		cfg.Metrics.purgedRows("dead_letters", dls)
 	}
-	cfg.Logger.Debug("idemq: maintenance: pass", "records", records, "dead_letters", dls, "err", err)
+	cfg.Logger.DebugContext(ctx, "idemq: maintenance: pass", "records", records, "dead_letters", dls, "err", err)
 	return err
 }
 
