@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisfast"
 	"github.com/idemq/idemq/outbox"
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +25,9 @@ func collectorMetrics(t *testing.T) map[string]bool {
 	o := setupOutbox(t)
 	reg := prometheus.NewRegistry()
 	if _, err := consumer.NewPrometheusMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgstore.NewMaintenanceMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
 	client := redis.NewClient(redisfast.ClientOptions("127.0.0.1:1"))
@@ -54,12 +58,12 @@ func collectorMetrics(t *testing.T) map[string]bool {
 	for _, mf := range mfs {
 		names[mf.GetName()] = true
 	}
-	for _, h := range []string{"idemq_delivery_duration_seconds"} {
+	for _, h := range []string{"idemq_delivery_duration_seconds", "idemq_maintenance_pass_duration_seconds"} {
 		names[h], names[h+"_bucket"], names[h+"_sum"], names[h+"_count"] = true, true, true, true
 	}
 	// Vec metrics with no series yet are not gathered: take them from the
 	// descriptions NewPrometheusMetrics registered.
-	for _, n := range []string{"idemq_deliveries_total", "idemq_dead_lettered_total"} {
+	for _, n := range []string{"idemq_deliveries_total", "idemq_dead_lettered_total", "idemq_maintenance_purged_rows_total"} {
 		if !names[n] {
 			names[n] = describedBy(t, reg, n)
 		}
