@@ -240,11 +240,7 @@ func (h *HTTPStore) try(ctx context.Context, req HTTPRequest, hd HTTPHandler) (H
 		res := dedup.Result{MatchedBy: rec.matchedBy(msg.Identity), Status: rec.status, Attempts: rec.attempts}
 		same, cause := req.Matches(version, rec.fingerprint, rec.keyID)
 		if cause != nil || !same {
-			reason := dedup.ConflictReason(res.MatchedBy, msg.Identity.BusinessKey, rec.businessKey)
-			cerr := &dedup.ConflictError{Reason: reason, Identity: msg.Identity, MatchedBy: res.MatchedBy, Cause: cause,
-				Record: dedup.Identity{Scope: msg.Identity.Scope, MessageID: rec.messageID, BusinessKey: rec.businessKey}}
-			res.Outcome, res.Err, res.Reason = dedup.OutcomeConflict, cerr, reason
-			if res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, deadLetterRow{msg: msg, sum: req.Sum, reason: reason, cause: cerr, attempts: rec.attempts}); err != nil {
+			if res, err = s.conflictIn(ctx, tx, msg, req.Sum, rec, res, cause); err != nil {
 				return HTTPResult{}, err
 			}
 			if err := commit(ctx, tx); err != nil {

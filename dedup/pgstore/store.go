@@ -511,11 +511,7 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum [
 	}
 	same, cause := s.fp.Matches(msg.Payload, rec.fingerprint, rec.keyID)
 	if cause != nil || !same {
-		reason := dedup.ConflictReason(by, id.BusinessKey, rec.businessKey)
-		cerr := &dedup.ConflictError{Reason: reason, Identity: id, MatchedBy: by, Cause: cause,
-			Record: dedup.Identity{Scope: id.Scope, MessageID: rec.messageID, BusinessKey: rec.businessKey}}
-		res.Outcome, res.Err, res.Reason = dedup.OutcomeConflict, cerr, reason
-		res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, deadLetterRow{msg: msg, sum: sum, reason: reason, cause: cerr, attempts: rec.attempts})
+		res, err = s.conflictIn(ctx, tx, msg, sum, rec, res, cause)
 		return res, false, err
 	}
 	switch rec.status {
@@ -530,6 +526,22 @@ func (s *Store) decide(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum [
 		res.Outcome, res.Err = dedup.OutcomeRetry, fmt.Errorf("idemq: %s is being processed by another owner", id)
 		return res, false, nil
 	}
+}
+
+// conflictIn answers a copy of msg whose fingerprint does not match rec's
+// (or could not be compared: cause): res (MatchedBy, Status, Attempts set by
+// the caller) becomes OutcomeConflict with a *dedup.ConflictError, and a
+// dead letter of the reason dedup.ConflictReason gives is inserted in tx.
+// The MQ path (decide) and the HTTP path (HTTPStore) share it.
+func (s *Store) conflictIn(ctx context.Context, tx pgx.Tx, msg *dedup.Message, sum []byte, rec *record, res dedup.Result, cause error) (dedup.Result, error) {
+	id := msg.Identity
+	reason := dedup.ConflictReason(res.MatchedBy, id.BusinessKey, rec.businessKey)
+	cerr := &dedup.ConflictError{Reason: reason, Identity: id, MatchedBy: res.MatchedBy, Cause: cause,
+		Record: dedup.Identity{Scope: id.Scope, MessageID: rec.messageID, BusinessKey: rec.businessKey}}
+	res.Outcome, res.Err, res.Reason = dedup.OutcomeConflict, cerr, reason
+	var err error
+	res.DeadLetterID, err = s.q.insertDeadLetter(ctx, tx, deadLetterRow{msg: msg, sum: sum, reason: reason, cause: cerr, attempts: rec.attempts})
+	return res, err
 }
 
 // failure is a failed execution, or a rejection, to mark on msg's record.
