@@ -114,14 +114,19 @@ type Config struct {
 	// ShutdownGrace is how long in-flight handlers may run after Run's
 	// context ends. Default 10s.
 	ShutdownGrace time.Duration
-	// CheckSchema makes Run call the store's CheckSchema (SchemaChecker;
-	// *pgstore.Store has it) before it fetches, and return its error (e.g.
-	// wrapping pgstore.ErrSchemaOutdated or ErrSchemaMissing) instead of
-	// running on a schema that is missing or older than the binary. It is
-	// read-only (one SELECT), for services whose role has no DDL rights and
-	// so cannot call Migrate. Default false; ignored for stores without
-	// CheckSchema (redisstore.Store) and by Push.
-	CheckSchema bool
+	// SkipSchemaCheck turns off the schema check that Run (and, for a push
+	// listener, the adapter's Start through Consumer.CheckSchema) does by
+	// default: before it fetches anything, Run calls the store's read-only
+	// CheckSchema (SchemaChecker; *pgstore.Store has it: one SELECT, no lock,
+	// no DDL, so it works for a role without DDL rights) and returns its error
+	// (wrapping pgstore.ErrSchemaMissing or pgstore.ErrSchemaOutdated, naming
+	// the versions and the command to run) instead of failing every delivery
+	// on a schema that is missing or older than the binary. Default false:
+	// the check runs. Set it only for tables managed without idemq's version
+	// table (a schema tool that does not run our migrations' version
+	// bookkeeping). Stores without CheckSchema (redisstore.Store) are never
+	// checked.
+	SkipSchemaCheck bool
 	// CrashLoop bounds a message whose handler kills the process (atomic
 	// and batched modes): lane watermarks and start markers, on by default
 	// (Window 1000). See CrashLoopConfig and the package doc, "Crash loops".

@@ -190,6 +190,8 @@ type listSource struct {
 	ds   []Delivery
 	left int
 	done chan struct{}
+	// closed is set by Close.
+	closed bool
 }
 
 func newListSource(ds ...Delivery) *listSource {
@@ -221,7 +223,7 @@ func (s *listSource) Commit(_ context.Context, done []Delivery) error {
 	return nil
 }
 
-func (s *listSource) Close() error { return nil }
+func (s *listSource) Close() error { s.mu.Lock(); s.closed = true; s.mu.Unlock(); return nil }
 
 // Every delivery of both drive modes runs through one chain in the
 // documented order: tracing, recover, logging, metrics, Config.Middleware

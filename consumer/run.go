@@ -21,12 +21,13 @@ import (
 // SucceededRetention is shorter than the broker's redelivery horizon, or
 // (error wrapping ErrUnboundedRedelivery and ErrInvalidConfig) if the
 // horizon is unbounded and Config.AcceptUnboundedRedelivery is false; the
-// source is then closed. Likewise, with Config.CheckSchema and a store that
-// implements SchemaChecker (*pgstore.Store does), Run first calls its
-// CheckSchema, read-only, and returns its error (e.g. wrapping
-// pgstore.ErrSchemaOutdated) without fetching.
+// source is then closed. Before that, unless Config.SkipSchemaCheck is set,
+// Run calls the store's read-only CheckSchema (Consumer.CheckSchema; stores
+// implementing SchemaChecker, as *pgstore.Store does) and returns its error
+// (e.g. wrapping pgstore.ErrSchemaOutdated) without fetching, the source
+// closed.
 func (c *Consumer) Run(parent context.Context, src Source) error {
-	if err := c.checkSchema(parent); err != nil {
+	if err := c.CheckSchema(parent); err != nil {
 		_ = src.Close()
 		return err
 	}

@@ -16,13 +16,16 @@ type SchemaChecker interface {
 	CheckSchema(ctx context.Context) error
 }
 
-// checkSchema runs the store's CheckSchema, with Config.CheckSchema and when
-// the store has one, before Run fetches anything: a missing or outdated
-// schema stops Run at once with what to run, instead of failing every
-// delivery.
-func (c *Consumer) checkSchema(ctx context.Context) error {
+// CheckSchema runs the store's read-only schema check (SchemaChecker) unless
+// Config.SkipSchemaCheck is set or the store has none, and returns its error
+// prefixed "idemq/consumer:" (errors.Is matches pgstore.ErrSchemaMissing /
+// pgstore.ErrSchemaOutdated). Run calls it before it fetches anything; push
+// adapters (rocketmqadapter.PushConsumer.Start) call it before they
+// subscribe, so a missing or outdated schema stops the consumer at start with
+// what to run instead of failing every delivery. It costs one SELECT.
+func (c *Consumer) CheckSchema(ctx context.Context) error {
 	sc, ok := c.cfg.Store.(SchemaChecker)
-	if !ok || !c.cfg.CheckSchema {
+	if !ok || c.cfg.SkipSchemaCheck {
 		return nil
 	}
 	if err := sc.CheckSchema(ctx); err != nil {

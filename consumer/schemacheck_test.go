@@ -20,12 +20,12 @@ type checkingStore struct {
 
 func (s *checkingStore) CheckSchema(context.Context) error { s.calls++; return errOutdated }
 
-// With Config.CheckSchema, Run calls the store's CheckSchema before it
-// fetches: an outdated schema stops it at once with that error, nothing
-// fetched.
+// By default Run calls the store's CheckSchema before it fetches: an
+// outdated schema stops it at once with that error, nothing fetched, the
+// source closed.
 func TestRunChecksSchemaFirst(t *testing.T) {
 	st := &checkingStore{fakeStore: newFakeStore(&trail{})}
-	c, err := New(Config{Scope: "s", Store: st, CheckSchema: true, Handler: func(context.Context, pgx.Tx, *dedup.Message) error { return nil }})
+	c, err := New(Config{Scope: "s", Store: st, Handler: func(context.Context, pgx.Tx, *dedup.Message) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,15 +35,16 @@ func TestRunChecksSchemaFirst(t *testing.T) {
 	if err := c.Run(ctx, src); !errors.Is(err, errOutdated) {
 		t.Fatalf("Run = %v, want the CheckSchema error", err)
 	}
-	if st.calls != 1 || len(src.ds) != 1 {
-		t.Fatalf("CheckSchema called %d times, %d of 1 deliveries left unfetched", st.calls, len(src.ds))
+	if st.calls != 1 || len(src.ds) != 1 || !src.closed {
+		t.Fatalf("CheckSchema called %d times, %d of 1 deliveries left unfetched, source closed %v", st.calls, len(src.ds), src.closed)
 	}
 }
 
-// Without Config.CheckSchema, Run never calls CheckSchema.
-func TestRunSkipsSchemaCheckByDefault(t *testing.T) {
+// With Config.SkipSchemaCheck, Run never calls CheckSchema, and neither
+// does Consumer.CheckSchema.
+func TestRunSkipSchemaCheck(t *testing.T) {
 	st := &checkingStore{fakeStore: newFakeStore(&trail{})}
-	c, err := New(Config{Scope: "s", Store: st, Handler: func(context.Context, pgx.Tx, *dedup.Message) error { return nil }})
+	c, err := New(Config{Scope: "s", Store: st, SkipSchemaCheck: true, Handler: func(context.Context, pgx.Tx, *dedup.Message) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,10 @@ func TestRunSkipsSchemaCheckByDefault(t *testing.T) {
 	if err := c.Run(ctx, newListSource()); err != nil {
 		t.Fatalf("Run = %v", err)
 	}
+	if err := c.CheckSchema(ctx); err != nil {
+		t.Fatalf("Consumer.CheckSchema with SkipSchemaCheck = %v", err)
+	}
 	if st.calls != 0 {
-		t.Fatalf("CheckSchema called %d times without Config.CheckSchema", st.calls)
+		t.Fatalf("CheckSchema called %d times with Config.SkipSchemaCheck", st.calls)
 	}
 }

@@ -72,7 +72,9 @@
 // messages in atomic, batched (also set-based) and lease mode, and gets ErrSchemaOutdated /
 // ErrSchemaMissing otherwise (TestMigrateWithDataOnlyRole); the SQL of
 // `idemq migrate -print` applied block by block gives Migrate's schema
-// (TestMigrationSQLMatchesMigrate). Conflicts carry the reason of their kind in every mode and store
+// (TestMigrationSQLMatchesMigrate). The schema is checked by default: consumer.Run
+// and Relay.Run refuse a missing or outdated schema before anything is handled or
+// committed, a data-only role starts (TestSchemaCheckedByDefault). Conflicts carry the reason of their kind in every mode and store
 // (TestConflictReasons); a re-driven bad_input record runs its next copy
 // (TestRedrivenBadInputRuns); a message-ID collision's dead letter is
 // re-driven as a new message with the CLI on Kafka and RocketMQ, once,

@@ -130,8 +130,10 @@ var ErrRunning = errors.New("idemq/outbox: relay already running")
 // Run publishes rows until ctx ends, then shuts down gracefully: no new batch
 // is claimed, in-flight batches get RelayConfig.ShutdownGrace to publish and
 // mark, the LISTEN connection is closed. It returns nil after a shutdown
-// caused by ctx. It returns an error at once if the outbox table cannot be
-// read (not migrated, database unreachable), or ErrRunning. Database and
+// caused by ctx. It returns an error at once if the outbox schema is missing
+// or outdated (Outbox.CheckSchema, unless RelayConfig.SkipSchemaCheck; the
+// error matches ErrSchemaMissing / ErrSchemaOutdated), if the outbox table
+// cannot be read (database unreachable), or ErrRunning. Database and
 // broker errors while running are logged, retried with backoff and counted
 // (Stats), never returned.
 func (r *Relay) Run(ctx context.Context) error {
@@ -139,6 +141,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer r.running.Store(false)
+	if !r.cfg.SkipSchemaCheck {
+		if err := r.ob.CheckSchema(ctx); err != nil {
+			return fmt.Errorf("idemq/outbox: relay: %w", err)
+		}
+	}
 	if _, err := r.ob.pool.Exec(ctx, r.ob.q.probeSQL); err != nil {
 		return fmt.Errorf("idemq/outbox: relay: outbox table %s: %w", r.ob.q.table, err)
 	}

@@ -111,6 +111,15 @@ type RelayConfig struct {
 	// mark) after Run's context ends. After it, their publish is canceled
 	// and what was published is still marked. Default 10s; not negative.
 	ShutdownGrace time.Duration
+	// SkipSchemaCheck turns off the check Run does first by default: the
+	// outbox's read-only CheckSchema (one SELECT, no lock, no DDL, so a
+	// data-only role passes it), which stops Run with a *SchemaError
+	// (ErrSchemaMissing / ErrSchemaOutdated, naming the versions and the
+	// command to run) instead of relaying on a schema that is missing or
+	// older than the binary. Default false: the check runs. Set it only for
+	// an outbox table managed without idemq's version table; Run then only
+	// probes that the table can be read.
+	SkipSchemaCheck bool
 	// Logger receives warnings (failed publishes, database errors) and
 	// errors (parked rows). Default slog.Default().
 	Logger *slog.Logger
