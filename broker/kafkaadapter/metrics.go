@@ -24,7 +24,8 @@ type lagCollector struct {
 //
 // The high watermark is the one the newest fetched message carried (Kafka
 // returns it with every fetch response, so reading it costs no request), and
-// the committed offset the one this member committed or was assigned. While
+// the committed offset the one this member committed or was assigned (0
+// while the group has committed nothing on the partition). While
 // the runtime's lane buffers are full (a handler is stuck), fetching pauses,
 // so the watermark, and with it the lag, can trail messages produced since:
 // GroupLag asks the broker when an exact figure is needed. opts add const
