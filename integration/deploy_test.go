@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemq/idemq/broker/kafkaadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisfast"
@@ -18,7 +19,7 @@ import (
 )
 
 // collectorMetrics returns the metric names idemq's collectors describe
-// (consumer metrics, store, fast path, outbox, relay), histograms with
+// (consumer metrics, store, fast path, outbox, relay, Kafka source lag), histograms with
 // their _bucket, _sum and _count series.
 func collectorMetrics(t *testing.T) map[string]bool {
 	t.Helper()
@@ -40,10 +41,15 @@ func collectorMetrics(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg.MustRegister(consumer.StoreCollector(o.store), fast.Collector(), o.ob.Collector(0), r.Collector())
+	src, err := kafkaadapter.NewSource(kafkaadapter.Config{Reader: readerConfig(t, "deploy-test", "deploy-test")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Close() })
+	reg.MustRegister(consumer.StoreCollector(o.store), fast.Collector(), o.ob.Collector(0), r.Collector(), src.Collector())
 	names := map[string]bool{}
 	fq := regexp.MustCompile(`fqName: "([a-z_:]+)"`)
-	for _, c := range []prometheus.Collector{consumer.StoreCollector(o.store), fast.Collector(), o.ob.Collector(0), r.Collector()} {
+	for _, c := range []prometheus.Collector{consumer.StoreCollector(o.store), fast.Collector(), o.ob.Collector(0), r.Collector(), src.Collector()} {
 		ch := make(chan *prometheus.Desc, 16)
 		c.Describe(ch)
 		close(ch)

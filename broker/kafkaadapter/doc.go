@@ -55,4 +55,11 @@
 // The old kafka-go Reader-based adapter could not do this: the Reader has no
 // revoke hook and commits buffered messages of a revoked partition with the
 // new generation (segmentio/kafka-go#1398).
+//
+// # Lag
+//
+// Source.Collector exports idemq_consumer_lag_messages{topic, partition,
+// consumer_group}: per owned partition, the high watermark carried by the
+// newest fetched message minus the committed offset, at no extra request.
+// GroupLag asks the broker for the group's whole lag on a topic.
 package kafkaadapter

@@ -46,6 +46,10 @@ type claim struct {
 	// next is the partition's committed offset (the next offset to read) as
 	// this member knows it, -1 when there is none; under Source.mu.
 	next int64
+	// hwm is the partition's high watermark (the offset after its last
+	// message) as the newest fetched message carried it, 0 before the first;
+	// under Source.mu. Lag (Source.Collector) is hwm - next.
+	hwm int64
 }
 
 // fetched is a message (or an error) read for a claim, or an error of the
@@ -139,6 +143,9 @@ func (s *Source) deliver(m kafka.Message, c *claim) (consumer.Delivery, bool) {
 	if c != nil && c.ctx.Err() != nil {
 		s.stats.DroppedDeliveries++
 		return consumer.Delivery{}, false
+	}
+	if c != nil && m.HighWaterMark > c.hwm {
+		c.hwm = m.HighWaterMark
 	}
 	if done, ok := s.completed[topicPartition{m.Topic, m.Partition}]; ok && m.Offset <= done {
 		return consumer.Delivery{}, false

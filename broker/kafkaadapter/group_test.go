@@ -267,3 +267,39 @@ func TestGroupErrors(t *testing.T) {
 		t.Fatalf("authorization: %v", err)
 	}
 }
+
+// The lag gauge is the newest fetched high watermark minus the committed
+// offset, per partition owned in the generation in hand; a partition not
+// fetched yet has none, and a revoked generation's partitions disappear.
+func TestLagFollowsWatermarkAndCommits(t *testing.T) {
+	s, log := testSource(nil), &commitLog{}
+	g, claims, _ := join(s, 7, log, map[int]int64{0: 10, 1: kafka.FirstOffset})
+	c0 := claimOf(claims, 0)
+	if got := s.lags(); len(got) != 0 {
+		t.Fatalf("lags before any fetch = %+v, want none", got)
+	}
+	d, ok := s.deliver(kafka.Message{Topic: "t", Partition: 0, Offset: 10, HighWaterMark: 30}, c0)
+	if !ok {
+		t.Fatal("offset 10 not delivered")
+	}
+	if got := s.lags(); len(got) != 1 || got[0].lag != 20 || got[0].partition != 0 {
+		t.Fatalf("lags = %+v, want t/0: 30-10 = 20", got)
+	}
+	if err := s.Commit(context.Background(), []consumer.Delivery{d}); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.lags(); len(got) != 1 || got[0].lag != 19 {
+		t.Fatalf("lags after committing offset 10 = %+v, want 30-11 = 19", got)
+	}
+	// An older message's watermark never lowers the known one.
+	if _, ok := s.deliver(kafka.Message{Topic: "t", Partition: 0, Offset: 11, HighWaterMark: 25}, c0); !ok {
+		t.Fatal("offset 11 not delivered")
+	}
+	if got := s.lags(); got[0].lag != 19 {
+		t.Fatalf("lags after a stale watermark = %+v, want 19", got)
+	}
+	s.revoke(g, claims)
+	if got := s.lags(); len(got) != 0 {
+		t.Fatalf("lags after the generation ended = %+v, want none", got)
+	}
+}
