@@ -111,3 +111,12 @@ func EnsureRetryTopic(ctx context.Context, nameServers []string, brokerAddr, gro
 	}
 	return EnsureTopic(ctx, nameServers, brokerAddr, RetryTopicPrefix+group, 1)
 }
+
+// EnsureRetryTopicWithCredentials is EnsureRetryTopic for an ACL-enabled
+// broker (see EnsureTopicWithCredentials).
+func EnsureRetryTopicWithCredentials(ctx context.Context, nameServers []string, brokerAddr, group string, cred primitive.Credentials) error {
+	if group == "" {
+		return errors.New("idemq/rocketmqadapter: EnsureRetryTopicWithCredentials needs a group")
+	}
+	return EnsureTopicWithCredentials(ctx, nameServers, brokerAddr, RetryTopicPrefix+group, 1, cred)
+}

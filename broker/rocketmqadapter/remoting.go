@@ -59,6 +59,7 @@ type BrokerError struct {
 	Remark  string
 }
 
+// Error names the request, the server, the code and the remark.
 func (e *BrokerError) Error() string {
 	return fmt.Sprintf("idemq/rocketmqadapter: %s at %s refused: code %d: %s", e.Request, e.Addr, e.Code, e.Remark)
 }
