@@ -86,7 +86,10 @@ func startACLRocketMQ(t *testing.T) *rmqACLCluster {
 		java, jerr = filepath.Join(jh, "bin", "java"), nil
 	}
 	if len(jars) == 0 || jerr != nil {
-		msg := fmt.Sprintf("RocketMQ jars not found in %s (TEST_ROCKETMQ_LIB) or no java (%v); %s", lib, jerr, startHint)
+		msg := fmt.Sprintf("no RocketMQ broker jar in %s (set TEST_ROCKETMQ_LIB); %s", lib, startHint)
+		if jerr != nil {
+			msg = fmt.Sprintf("no java to start the ACL broker: %v; %s", jerr, startHint)
+		}
 		if servicesRequired() {
 			t.Fatal(msg)
 		}
