@@ -153,6 +153,17 @@
 // reports what it deleted and exits 1 (TestCLIPurgeProgressAndInterrupt); a
 // Kafka topic with retention.ms = -1 is refused unless
 // AcceptUnboundedRedelivery is set (TestKafkaUnboundedRetentionRefused).
+// RocketMQ: the shared broker's fileReservedTime and deleteWhen are read
+// (72h + 24h) and a shorter SucceededRetention is refused by consumer.Run
+// and PushConsumer.Start in atomic, batched and lease modes, unless
+// AcceptOffsetResetReplays (TestRocketMQStoreRetentionRefused).
+//
+// Secured RocketMQ: an ACL 2.0 NameServer and broker that the test starts
+// from the jars in TEST_ROCKETMQ_LIB (scripts/services.sh caches them; it
+// fails under CI=true without them): the relay publishes and both consumers
+// consume with the right credentials, a wrong secret stops a consumer at
+// Start (ErrAccessDenied), and a refused publish pauses the relay and parks
+// nothing (TestRocketMQACL).
 //
 // Round trips in per-message modes: BEGIN travels with the claim and the
 // marks with the COMMIT, counted on the wire per outcome (pgstore:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2/admin"
@@ -52,6 +53,52 @@ func EnsureTopic(ctx context.Context, nameServers []string, brokerAddr, topic st
 	}
 }
 
+// EnsureTopicWithCredentials is EnsureTopic for an ACL-enabled broker: the
+// topic is created with a signed UPDATE_AND_CREATE_TOPIC request (request
+// code 17; rocketmq-client-go's admin client sends CreateTopic unsigned
+// even with credentials), then the route is awaited as EnsureTopic does.
+// With empty credentials it is EnsureTopic. The user needs the permission
+// to create topics (an ACL 2.0 super user, or CREATE on the topic). A
+// refusal returns a *BrokerError (errors.Is ErrAccessDenied for
+// NO_PERMISSION); the error names the topic and broker, never the secret.
+func EnsureTopicWithCredentials(ctx context.Context, nameServers []string, brokerAddr, topic string, queues int, cred primitive.Credentials) error {
+	if cred.AccessKey == "" {
+		return EnsureTopic(ctx, nameServers, brokerAddr, topic, queues)
+	}
+	if queues == 0 {
+		queues = 4
+	}
+	switch {
+	case len(nameServers) == 0 || brokerAddr == "" || topic == "":
+		return errors.New("idemq/rocketmqadapter: EnsureTopicWithCredentials needs name servers, a broker address and a topic")
+	case queues < 1 || queues > 1024:
+		return fmt.Errorf("idemq/rocketmqadapter: EnsureTopicWithCredentials: queues %d must be 1 to 1024", queues)
+	}
+	n := strconv.Itoa(queues)
+	ext := map[string]string{
+		"topic": topic, "defaultTopic": "TBW102", "readQueueNums": n, "writeQueueNums": n,
+		"perm": "6", "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": "false",
+	}
+	if _, err := call(ctx, brokerAddr, "UPDATE_AND_CREATE_TOPIC "+topic, reqUpdateAndCreateTopic, ext, nil, cred); err != nil {
+		return fmt.Errorf("idemq/rocketmqadapter: create topic %s on %s as %q: %w", topic, brokerAddr, cred.AccessKey, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ms, err := masterBrokers(ctx, nameServers, topic, cred)
+		if err == nil && len(ms) > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("idemq/rocketmqadapter: topic %s has no route on %v after 30s (last error: %v)", topic, nameServers, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // EnsureRetryTopic creates group's retry topic "%RETRY%<group>" (one queue)
 // on the broker at brokerAddr, like EnsureTopic. The broker creates it on
 // its own at the group's first heartbeat, but a client that started before
@@ -63,4 +110,13 @@ func EnsureRetryTopic(ctx context.Context, nameServers []string, brokerAddr, gro
 		return errors.New("idemq/rocketmqadapter: EnsureRetryTopic needs a group")
 	}
 	return EnsureTopic(ctx, nameServers, brokerAddr, RetryTopicPrefix+group, 1)
+}
+
+// EnsureRetryTopicWithCredentials is EnsureRetryTopic for an ACL-enabled
+// broker (see EnsureTopicWithCredentials).
+func EnsureRetryTopicWithCredentials(ctx context.Context, nameServers []string, brokerAddr, group string, cred primitive.Credentials) error {
+	if group == "" {
+		return errors.New("idemq/rocketmqadapter: EnsureRetryTopicWithCredentials needs a group")
+	}
+	return EnsureTopicWithCredentials(ctx, nameServers, brokerAddr, RetryTopicPrefix+group, 1, cred)
 }

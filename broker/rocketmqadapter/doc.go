@@ -212,10 +212,9 @@
 // came for 300ms, at most 5s) before it shuts the client down. The Source
 // never sends a message back, so nothing reaches %RETRY%<group> from it
 // (copies left there by an earlier push consumer of the group are still read
-// and handled). It reports no redelivery horizon (consumer.HorizonReporter):
-// as for Kafka, a record must outlive any re-read, so size SucceededRetention
-// to the broker's message retention (fileReservedTime, 72h by default) if
-// offsets may be reset.
+// and handled). Its redelivery horizon (Source.RedeliveryHorizon, a
+// consumer.HorizonReporter) is the brokers' store retention: as for Kafka,
+// a record must outlive any re-read after an offset reset (see Retention).
 //
 // # Retention
 //
@@ -225,4 +224,28 @@
 // that does not exceed it plus one ConsumeTimeout per delivery
 // (Config.Horizon, passed as consumer.PushConfig.RedeliveryHorizon; see
 // pgstore.Store.ValidateRetention).
+//
+// Offset resets and replays hand out whatever the store still holds: a
+// commit-log file lives fileReservedTime hours after its last write (72 by
+// default), then waits for a deleteWhen hour ("04": up to 24h more).
+// PushConsumer.Start (Config.FullHorizon) and consumer.Run over a Source
+// (Source.RedeliveryHorizon) read both from every master broker of the
+// topic (GET_BROKER_CONFIG, ReadStoreRetention) and refuse a shorter
+// SucceededRetention (dedup.ErrRetentionTooShort naming both numbers); the
+// push horizon also covers Config.DLQReplayWindow after the retries.
+// Config.FileReservedTime (and SourceConfig's) replaces the read (no admin
+// permission needed; the gap is then DefaultCleanupGap, 24h), and
+// AcceptOffsetResetReplays drops the store retention from the horizon,
+// accepting that a replay older than SucceededRetention runs again. See
+// docs/operations.md, "RocketMQ retention".
+//
+// # Credentials
+//
+// Config.Credentials, SourceConfig.Credentials (and rocketmqpub's) sign
+// every request for an ACL-enabled broker (RocketMQ 5.x ACL 2.0 accepts
+// the client's HMAC-SHA1 signature). The adapter signs its own admin
+// requests too (EnsureTopicWithCredentials, ReadStoreRetention), and a
+// consumer with credentials probes them at Start: a broker's NO_PERMISSION
+// (code 16) is an error wrapping ErrAccessDenied, with the broker's reason.
+// See docs/operations.md, "Secured RocketMQ".
 package rocketmqadapter

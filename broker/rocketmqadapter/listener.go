@@ -86,8 +86,48 @@ type Config struct {
 	// ParseDelayLevels.
 	DelayLevels []time.Duration
 
+	// Credentials sign every request of the client and of the adapter's own
+	// admin requests (the access probe and the store-retention read at
+	// Start) for an ACL-enabled broker: access key, secret key and an
+	// optional security token (rocketmq-client-go's primitive.Credentials;
+	// RocketMQ 5.x ACL 2.0 users: access key = username, secret key =
+	// password). Default none (unsigned). With an access key, Start first
+	// sends one signed request to every master broker of Topic and fails
+	// with an error wrapping ErrAccessDenied when a broker refuses them.
+	Credentials primitive.Credentials
+
+	// FileReservedTime is the brokers' fileReservedTime, how long they keep
+	// a commit-log file after its last write. Default 0: Start reads it
+	// (with deleteWhen) from every master broker of Topic
+	// (ReadStoreRetention, which needs the admin permission under ACL).
+	// When set (at least 1h; the broker counts whole hours), nothing is
+	// read and the cleanup gap is taken as DefaultCleanupGap (24h). A
+	// group's offsets reset to an earlier time (or a replay) can hand the
+	// listener any message still stored, so the redelivery horizon Start
+	// checks covers FileReservedTime plus the cleanup gap, unless
+	// AcceptOffsetResetReplays.
+	FileReservedTime time.Duration
+	// DLQReplayWindow is how long after a message reached %DLQ%<group> an
+	// operator may still replay it into the topic (or reset the group to
+	// it). Start's redelivery horizon covers Horizon() + DLQReplayWindow.
+	// Default 0: %DLQ% messages are not replayed. It must not exceed the
+	// brokers' fileReservedTime (configured or read): they are gone by
+	// then; Start and NewPushConsumer refuse a longer window
+	// (ErrInvalidConfig).
+	DLQReplayWindow time.Duration
+	// AcceptOffsetResetReplays states that the operator accepts the risk of
+	// offset resets and replays older than SucceededRetention: a message
+	// handed out again after its record expired is processed again. The
+	// redelivery horizon is then Horizon() (+ DLQReplayWindow) only, and the
+	// brokers' config is not read (except to check a DLQReplayWindow when
+	// FileReservedTime is 0). Default false: the horizon also covers the
+	// store retention (FileReservedTime plus the cleanup gap; 96h with the
+	// broker's defaults 72h and deleteWhen "04").
+	AcceptOffsetResetReplays bool
+
 	// ClientOptions are extra rocketmq-client-go consumer options (e.g.
-	// WithConsumeFromWhere, WithCredentials, WithInterceptor). They are
+	// WithConsumeFromWhere, WithInterceptor; credentials: the Credentials
+	// field, which the adapter's own requests use too). They are
 	// applied before the adapter's own options, which set the group, the
 	// passthrough resolver, the instance name, clustering mode,
 	// ConsumeTimeout, batch size, MaxReconsumeTimes and goroutines from this
@@ -146,6 +186,12 @@ func (c Config) validate() error {
 	case strings.TrimSpace(c.MessageIDProperty) != c.MessageIDProperty:
 		return fmt.Errorf("%w: MessageIDProperty %q has surrounding spaces", ErrInvalidConfig, c.MessageIDProperty)
 	}
+	if err := c.retention().validate(); err != nil {
+		return err
+	}
+	if err := validateCredentials(c.Credentials); err != nil {
+		return err
+	}
 	for i, d := range c.DelayLevels {
 		if d < 0 {
 			return fmt.Errorf("%w: DelayLevels[%d] %s is negative", ErrInvalidConfig, i, d)
@@ -161,6 +207,29 @@ func (c Config) validate() error {
 func (c Config) Horizon() time.Duration {
 	d := c.withDefaults()
 	return RedeliveryHorizon(d.DelayLevels, d.MaxReconsumeTimes) + time.Duration(d.MaxReconsumeTimes+1)*d.ConsumeTimeout
+}
+
+// retention returns c's store-retention settings.
+func (c Config) retention() retention {
+	return retention{fileReservedTime: c.FileReservedTime, dlqReplayWindow: c.DLQReplayWindow, acceptResets: c.AcceptOffsetResetReplays}
+}
+
+// FullHorizon is the redelivery horizon PushConsumer.Start checks the
+// store's SucceededRetention against: the larger of Horizon() +
+// DLQReplayWindow (retries through %RETRY%, then a replay from %DLQ%) and
+// the store retention (FileReservedTime + DefaultCleanupGap when
+// configured, else the largest StoreRetention.Horizon of the master
+// brokers of Topic, read with Credentials; none under
+// AcceptOffsetResetReplays). Errors are ReadStoreRetention's, or wrap
+// ErrInvalidConfig for a DLQReplayWindow longer than a broker's
+// fileReservedTime.
+func (c Config) FullHorizon(ctx context.Context) (time.Duration, error) {
+	d := c.withDefaults()
+	store, err := d.retention().storeHorizon(ctx, d.NameServers, d.Topic, d.Credentials)
+	if err != nil {
+		return 0, err
+	}
+	return max(d.Horizon()+d.DLQReplayWindow, store), nil
 }
 
 // Listener is the RocketMQ listener that runs idemq for each message; its

@@ -25,8 +25,9 @@ type PushConsumer struct {
 	pc  rocketmq.PushConsumer
 	cfg Config
 
-	mu          sync.Mutex
-	clientState // under mu
+	mu            sync.Mutex
+	clientState        // under mu
+	clientStarted bool // under mu: the client's Start ran (its Shutdown needs that)
 }
 
 // NewPushConsumer validates cfg (see NewListener; NameServers, Group and
@@ -60,6 +61,9 @@ func NewPushConsumer(c *consumer.Consumer, cfg Config) (*PushConsumer, error) {
 		rmqconsumer.WithMaxReconsumeTimes(cfg.MaxReconsumeTimes),
 		rmqconsumer.WithConsumeGoroutineNums(cfg.ConsumeGoroutines),
 	)
+	if cfg.Credentials.AccessKey != "" {
+		opts = append(opts, rmqconsumer.WithCredentials(cfg.Credentials))
+	}
 	pc, err := rmqconsumer.NewPushConsumer(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("idemq/rocketmqadapter: new push consumer: %w", err)
@@ -80,14 +84,53 @@ func (p *PushConsumer) InstanceName() string { return p.cfg.InstanceName }
 // ErrShutdown is returned by Start after Shutdown.
 var ErrShutdown = errors.New("idemq/rocketmqadapter: consumer shut down")
 
-// Start connects to the name servers, joins the group and starts consuming.
+// startCheckTimeout bounds the checks Start runs before the client starts
+// (the access probe and the store-retention read).
+const startCheckTimeout = 30 * time.Second
+
+// Start checks, then connects to the name servers, joins the group and
+// starts consuming. The checks, at most 30s: with Credentials, one signed
+// request to every master broker of Topic (an error wrapping
+// ErrAccessDenied when a broker refuses the credentials, instead of a
+// client that retries forever); then the redelivery horizon
+// (Config.FullHorizon, which reads the brokers' fileReservedTime and
+// deleteWhen unless configured) against the store's SucceededRetention (an
+// error wrapping dedup.ErrRetentionTooShort naming both, or
+// ErrInvalidConfig for a DLQReplayWindow longer than fileReservedTime).
 // The topic must exist (see EnsureTopic): the client refuses to start when
 // the name servers have no route for it. Starting twice is a no-op; a
 // consumer whose Start failed cannot be started again (build a new one).
 func (p *PushConsumer) Start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.start(ErrShutdown, p.pc.Start, "consumer group "+p.cfg.Group+" on topic "+p.cfg.Topic)
+	if p.stopped || p.err != nil || p.started {
+		return p.start(ErrShutdown, p.pc.Start, "")
+	}
+	if err := p.check(); err != nil {
+		p.err = err
+		return err
+	}
+	return p.start(ErrShutdown, func() error { p.clientStarted = true; return p.pc.Start() }, "consumer group "+p.cfg.Group+" on topic "+p.cfg.Topic)
+}
+
+// check runs Start's checks before the client starts.
+func (p *PushConsumer) check() error {
+	ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
+	defer cancel()
+	if p.cfg.Credentials.AccessKey != "" {
+		if err := probeAccess(ctx, p.cfg.NameServers, p.cfg.Topic, p.cfg.Group, p.cfg.Credentials); err != nil {
+			return err
+		}
+	}
+	h, err := p.cfg.FullHorizon(ctx)
+	if err != nil {
+		return fmt.Errorf("idemq/rocketmqadapter: redelivery horizon of consumer group %s on topic %s: %w", p.cfg.Group, p.cfg.Topic, err)
+	}
+	if err := p.l.c.Config().Store.ValidateRetention(h); err != nil {
+		return fmt.Errorf("idemq/rocketmqadapter: consumer group %s on topic %s (retries %s, DLQReplayWindow %s, store retention; AcceptOffsetResetReplays %t): %w",
+			p.cfg.Group, p.cfg.Topic, p.cfg.Horizon(), p.cfg.DLQReplayWindow, p.cfg.AcceptOffsetResetReplays, err)
+	}
+	return nil
 }
 
 // Shutdown stops consuming: the listener takes no new message, in-flight
@@ -103,7 +146,14 @@ func (p *PushConsumer) Shutdown() error {
 		return nil
 	}
 	p.stopped = true
+	clientStarted := p.clientStarted
 	p.mu.Unlock()
+	if !clientStarted {
+		// Never started (or refused by Start's checks): the client's
+		// Shutdown would dereference state only its Start creates.
+		p.l.Abort()
+		return nil
+	}
 
 	grace, cancel := context.WithTimeout(context.Background(), p.l.c.Config().ShutdownGrace)
 	drained := p.l.Stop(grace) == nil

@@ -56,8 +56,25 @@ type SourceConfig struct {
 	// wraps it: before a rebalance takes queues away, the deliveries
 	// completed on them are committed (consumer.Revocable).
 	Strategy rmqconsumer.AllocateStrategy
+	// Credentials sign every request of the client and the Source's own
+	// admin requests for an ACL-enabled broker (see Config.Credentials).
+	// Default none. With an access key, the first Fetch sends one signed
+	// request to every master broker of Topic before the client starts and
+	// returns an error wrapping ErrAccessDenied when a broker refuses it.
+	Credentials primitive.Credentials
+	// FileReservedTime is the brokers' fileReservedTime (see
+	// Config.FileReservedTime). Default 0: RedeliveryHorizon reads it from
+	// every master broker of Topic (admin permission under ACL). When set
+	// (at least 1h), the horizon is FileReservedTime + DefaultCleanupGap.
+	FileReservedTime time.Duration
+	// AcceptOffsetResetReplays states that the operator accepts the risk of
+	// offset resets and replays older than SucceededRetention (see
+	// Config.AcceptOffsetResetReplays). RedeliveryHorizon is then 1 minute:
+	// the Source never sends a message back, so only deliveries done and
+	// not yet committed are replayed after a crash. Default false.
+	AcceptOffsetResetReplays bool
 	// ClientOptions are extra rocketmq-client-go consumer options (e.g.
-	// WithConsumeFromWhere, WithCredentials, WithPullBatchSize). They are
+	// WithConsumeFromWhere, WithPullBatchSize). They are
 	// applied before the Source's own options (group, passthrough resolver,
 	// instance name, clustering mode, strategy), which win.
 	ClientOptions []rmqconsumer.Option
@@ -142,6 +159,12 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	case strings.TrimSpace(cfg.MessageIDProperty) != cfg.MessageIDProperty:
 		return nil, fmt.Errorf("%w: MessageIDProperty %q has surrounding spaces", ErrInvalidConfig, cfg.MessageIDProperty)
 	}
+	if err := cfg.retention().validate(); err != nil {
+		return nil, err
+	}
+	if err := validateCredentials(cfg.Credentials); err != nil {
+		return nil, err
+	}
 	if cfg.Selector.Type == "" && cfg.Selector.Expression == "" {
 		cfg.Selector = rmqconsumer.MessageSelector{Type: rmqconsumer.TAG, Expression: "*"}
 	}
@@ -167,6 +190,9 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 		rmqconsumer.WithConsumerModel(rmqconsumer.Clustering),
 		rmqconsumer.WithStrategy(s.allocate),
 	)
+	if cfg.Credentials.AccessKey != "" {
+		opts = append(opts, rmqconsumer.WithCredentials(cfg.Credentials))
+	}
 	pc, err := rocketmq.NewPullConsumer(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("idemq/rocketmqadapter: new pull consumer: %w", err)
@@ -237,10 +263,44 @@ func (s *Source) LaneContext(d consumer.Delivery) context.Context {
 // InstanceName returns the client's instance name.
 func (s *Source) InstanceName() string { return s.cfg.InstanceName }
 
-// start starts the client once.
+// retention returns cfg's store-retention settings.
+func (cfg SourceConfig) retention() retention {
+	return retention{fileReservedTime: cfg.FileReservedTime, acceptResets: cfg.AcceptOffsetResetReplays}
+}
+
+// RedeliveryHorizon implements consumer.HorizonReporter, which consumer.Run
+// checks against the store's SucceededRetention before the first Fetch:
+// the Source never sends a message back to %RETRY%, so the broker hands a
+// message out again only after an offset reset or a replay, for as long as
+// it stores it: FileReservedTime + DefaultCleanupGap when configured, else
+// the largest StoreRetention.Horizon of the master brokers of Topic
+// (ReadStoreRetention, signed with Credentials); 1 minute under
+// AcceptOffsetResetReplays. Errors are ReadStoreRetention's.
+func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
+	h, err := s.cfg.retention().storeHorizon(ctx, s.cfg.NameServers, s.cfg.Topic, s.cfg.Credentials)
+	if err != nil {
+		return 0, fmt.Errorf("idemq/rocketmqadapter: redelivery horizon of pull consumer group %s on topic %s: %w", s.cfg.Group, s.cfg.Topic, err)
+	}
+	if h == 0 {
+		h = crashReplayHorizon
+	}
+	return h, nil
+}
+
+// start starts the client once, after probing the credentials (see
+// SourceConfig.Credentials).
 func (s *Source) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.stopped && s.err == nil && !s.started && s.cfg.Credentials.AccessKey != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
+		err := probeAccess(ctx, s.cfg.NameServers, s.cfg.Topic, s.cfg.Group, s.cfg.Credentials)
+		cancel()
+		if err != nil {
+			s.err = err
+			return err
+		}
+	}
 	return s.clientState.start(io.EOF, s.pc.Start, "pull consumer group "+s.cfg.Group+" on topic "+s.cfg.Topic)
 }
 
@@ -459,6 +519,7 @@ func (s *Source) Close() error {
 }
 
 var (
-	_ consumer.Source    = (*Source)(nil)
-	_ consumer.Revocable = (*Source)(nil)
+	_ consumer.Source          = (*Source)(nil)
+	_ consumer.Revocable       = (*Source)(nil)
+	_ consumer.HorizonReporter = (*Source)(nil)
 )

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/primitive"
 )
 
 // Every Config error wraps ErrInvalidConfig and names the field; New returns
@@ -23,9 +25,11 @@ func TestConfigErrors(t *testing.T) {
 		{Config{NameServers: ns, Retries: 3, DisableRetries: true}, "DisableRetries"},
 		{Config{NameServers: ns, SendTimeout: -time.Second}, "SendTimeout"},
 		{Config{NameServers: ns, Concurrency: 257}, "Concurrency"},
+		{Config{NameServers: ns, Credentials: primitive.Credentials{AccessKey: "ak"}}, "Credentials.SecretKey"},
+		{Config{NameServers: ns, Credentials: primitive.Credentials{SecretKey: "s3cret"}}, "Credentials.AccessKey"},
 	} {
 		_, err := New(tc.cfg)
-		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) {
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) || strings.Contains(err.Error(), "s3cret") {
 			t.Errorf("New(%+v) = %v, want ErrInvalidConfig naming %s", tc.cfg, err, tc.field)
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	rocketmq "github.com/apache/rocketmq-client-go/v2"
-	rmqerrors "github.com/apache/rocketmq-client-go/v2/errors"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/idemq/idemq/outbox"
@@ -41,7 +40,12 @@ type Config struct {
 	// Concurrency is how many sends (Publish) or keys (PublishChains) of one
 	// call run at once. Default 8; 1 to 256.
 	Concurrency int
-	// Credentials for ACL-enabled brokers. Default none.
+	// Credentials sign every request of the producer for an ACL-enabled
+	// broker: access key, secret key and an optional security token
+	// (RocketMQ 5.x ACL 2.0: the user's name and password). Default none
+	// (unsigned). A send the broker refuses with NO_PERMISSION (wrong
+	// credentials, no PUB permission) is an outage for the relay
+	// (outbox.IsUnavailable): it pauses and parks nothing.
 	Credentials primitive.Credentials
 }
 
@@ -53,8 +57,10 @@ var ErrInvalidConfig = errors.New("idemq/rocketmqpub: invalid config")
 // the row is published again and the consumer's dedup absorbs the copy. It
 // is an outage (outbox.IsUnavailable), not the row's fault: the relay
 // pauses and counts no attempt, as for a request timeout
-// (rocketmq-client-go's ErrRequestTimeout) and transport errors. Other send
-// errors (an unknown topic or route, a rejected message) are row errors.
+// (rocketmq-client-go's ErrRequestTimeout), transport errors and the
+// broker codes SYSTEM_BUSY, SERVICE_NOT_AVAILABLE and NO_PERMISSION (see
+// classify). Other send errors (an unknown topic or route, a rejected
+// message) are row errors.
 var ErrNotSendOK = errors.New("idemq/rocketmqpub: send status not SEND_OK")
 
 // Publisher publishes outbox envelopes with a started RocketMQ producer. It is
@@ -72,6 +78,12 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	if err := cfg.validateNames(); err != nil {
 		return nil, err
+	}
+	switch c := cfg.Credentials; {
+	case c.AccessKey == "" && (c.SecretKey != "" || c.SecurityToken != ""):
+		return nil, fmt.Errorf("%w: Credentials.AccessKey is empty but a secret key or security token is set", ErrInvalidConfig)
+	case c.AccessKey != "" && c.SecretKey == "":
+		return nil, fmt.Errorf("%w: Credentials.SecretKey is empty for access key %q", ErrInvalidConfig, c.AccessKey)
 	}
 	if cfg.GroupName == "" {
 		cfg.GroupName = "idemq_relay"
@@ -195,11 +207,7 @@ func (p *Publisher) send(ctx context.Context, e outbox.Envelope) error {
 	}
 	res, err := p.p.SendSync(ctx, Message(e))
 	if err != nil {
-		err = fmt.Errorf("idemq/rocketmqpub: send %s to %s: %w", e.ID, e.Topic, err)
-		if errors.Is(err, rmqerrors.ErrRequestTimeout) {
-			err = outbox.Unavailable(err)
-		}
-		return err
+		return classify(fmt.Errorf("idemq/rocketmqpub: send %s to %s: %w", e.ID, e.Topic, err))
 	}
 	if res.Status != primitive.SendOK {
 		// A flush or slave timeout, or no slave: the broker could not store
