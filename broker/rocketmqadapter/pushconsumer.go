@@ -89,7 +89,11 @@ var ErrShutdown = errors.New("idemq/rocketmqadapter: consumer shut down")
 const startCheckTimeout = 30 * time.Second
 
 // Start checks, then connects to the name servers, joins the group and
-// starts consuming. The checks, at most 30s: with Credentials, one signed
+// starts consuming. The checks, at most 30s: first the store's read-only
+// schema check (consumer.Consumer.CheckSchema, unless
+// consumer.Config.SkipSchemaCheck: an error matching
+// pgstore.ErrSchemaMissing / ErrSchemaOutdated, nothing consumed); with
+// Credentials, one signed
 // request to every master broker of Topic (an error wrapping
 // ErrAccessDenied when a broker refuses the credentials, instead of a
 // client that retries forever); then the redelivery horizon
@@ -117,6 +121,9 @@ func (p *PushConsumer) Start() error {
 func (p *PushConsumer) check() error {
 	ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
 	defer cancel()
+	if err := p.l.c.CheckSchema(ctx); err != nil {
+		return fmt.Errorf("idemq/rocketmqadapter: consumer group %s: %w", p.cfg.Group, err)
+	}
 	if p.cfg.Credentials.AccessKey != "" {
 		if err := probeAccess(ctx, p.cfg.NameServers, p.cfg.Topic, p.cfg.Group, p.cfg.Credentials); err != nil {
 			return err

@@ -132,12 +132,28 @@ func TestFullHorizonArithmetic(t *testing.T) {
 	}
 }
 
+// PushConsumer.Start checks the store's schema first, by default: with no
+// database to answer, it fails at the schema check, before the horizon or
+// the client.
+func TestPushStartChecksSchemaFirst(t *testing.T) {
+	st := offlineStore(t, nil)
+	pc, err := NewPushConsumer(newConsumer(t, consumer.Config{Store: st, Handler: noop}),
+		Config{NameServers: []string{"127.0.0.1:1"}, Group: "g_schema", Topic: "t", InstanceName: InstanceName("unit-schema"), FileReservedTime: 72 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pc.Shutdown() }()
+	if err := pc.Start(); err == nil || !strings.Contains(err.Error(), "check schema") || errors.Is(err, dedup.ErrRetentionTooShort) {
+		t.Fatalf("Start = %v; want the schema check's error first", err)
+	}
+}
+
 // PushConsumer.Start refuses a SucceededRetention shorter than the full
 // horizon before it starts the client, naming both numbers; the
 // consumer can be shut down afterwards.
 func TestPushStartRefusesShortRetention(t *testing.T) {
 	st := offlineStore(t, func(c *pgstore.Config) { c.SucceededRetention = 48 * time.Hour })
-	pc, err := NewPushConsumer(newConsumer(t, consumer.Config{Store: st, Handler: noop}),
+	pc, err := NewPushConsumer(newConsumer(t, consumer.Config{Store: st, Handler: noop, SkipSchemaCheck: true}),
 		Config{NameServers: []string{"127.0.0.1:1"}, Group: "g_short", Topic: "t", InstanceName: InstanceName("unit-short"), FileReservedTime: 72 * time.Hour})
 	if err != nil {
 		t.Fatal(err)
