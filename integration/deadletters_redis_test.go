@@ -318,3 +318,32 @@ func TestRedisStorePurgeDeadLetters(t *testing.T) {
 		t.Fatalf("purge of under 1m: %v, want ErrInvalidConfig", err)
 	}
 }
+
+// On Redis Cluster, a filter without a scope finds every scope's stream on
+// every primary (SCAN per primary), and the bulk re-drive and purge work
+// there too.
+func TestRedisStoreClusterDeadLetterTooling(t *testing.T) {
+	t.Parallel()
+	c := startRedisCluster(t)
+	s, err := redisstore.New(redisstore.Config{Client: c, Prefix: randomName("rsc-"), Fingerprinter: testFingerprinter(t), MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	rsDeadLetters(t, s, "billing {eu}", "e-", 3)
+	rsDeadLetters(t, s, "billing {us}", "u-", 2)
+	if got := rsScanAll(t, s, dedup.DeadLetterFilter{Limit: 2}); len(got) != 5 {
+		t.Fatalf("cluster scan: %v, want 5 dead letters of two scopes", dlIDs(got))
+	}
+	sum, err := s.RedriveDeadLetters(ctx, dedup.DeadLetterFilter{}, dedup.RedriveOptions{Batch: 2})
+	if err != nil || sum != (dedup.RedriveSummary{Matched: 5, Redriven: 5}) {
+		t.Fatalf("cluster re-drive: %+v, %v", sum, err)
+	}
+	yes := true
+	if n, err := s.CountDeadLetters(ctx, dedup.DeadLetterFilter{Redriven: &yes}); err != nil || n != 5 {
+		t.Fatalf("re-driven on the cluster: %d, %v; want 5", n, err)
+	}
+	if n, err := s.PurgeDeadLetters(ctx, time.Hour); err != nil || n != 0 {
+		t.Fatalf("cluster purge of young dead letters: %d, %v; want 0", n, err)
+	}
+}
