@@ -257,6 +257,29 @@ func TestRedriveDeadLetters(t *testing.T) {
 		t.Fatalf("after a new failure: %+v, %v; want 1 re-driven", sum, err)
 	}
 
+	// A copy under another message ID that failed the record it matched by
+	// business key: its dead letter re-drives that record; a payload
+	// conflict of the same business key is neither re-driven nor stamped.
+	e.exec(`insert into ` + e.records() + ` (scope, message_id, business_key, fingerprint, fingerprint_key_id, status, attempts)
+		values ('bk', 'orig-1', 'pay-1', '\x01'::bytea, 'k1', 'FAILED_FINAL', 3)`)
+	e.exec(`insert into ` + e.dl() + ` (scope, message_id, business_key, reason) values
+		('bk', 'copy-1', 'pay-1', 'attempts_exhausted'), ('bk', 'copy-2', 'pay-1', 'payload_conflict')`)
+	if sum, err := e.store.RedriveDeadLetters(e.ctx, dedup.DeadLetterFilter{Scope: "bk"}, dedup.RedriveOptions{DryRun: true}); err != nil || sum.Skipped != 1 {
+		t.Fatalf("dry run by business key: %+v, %v; want 1 would be re-driven", sum, err)
+	}
+	if sum, err := e.store.RedriveDeadLetters(e.ctx, dedup.DeadLetterFilter{Scope: "bk"}, dedup.RedriveOptions{}); err != nil || sum != (dedup.RedriveSummary{Matched: 2, Redriven: 1, Skipped: 1}) {
+		t.Fatalf("by business key: %+v, %v; want the record of orig-1 re-driven", sum, err)
+	}
+	if st := e.recordStatuses("bk"); st[dedup.StatusFailedRetryable] != 1 {
+		t.Fatalf("record orig-1: %v, want FAILED_RETRYABLE", st)
+	}
+	if n := e.count(`select count(*) from ` + e.dl() + ` where scope = 'bk' and redriven_at is not null and message_id = 'copy-1'`); n != 1 {
+		t.Fatal("the business-key copy's dead letter was not stamped")
+	}
+	if n := e.count(`select count(*) from ` + e.dl() + ` where scope = 'bk' and redriven_at is not null and message_id = 'copy-2'`); n != 0 {
+		t.Fatal("the payload conflict of the business key was stamped re-driven")
+	}
+
 	for _, o := range []dedup.RedriveOptions{{Batch: -1}, {Batch: 10001}, {Operator: "a\x00"}} {
 		if _, err := e.store.RedriveDeadLetters(e.ctx, dedup.DeadLetterFilter{}, o); !errors.Is(err, dedup.ErrInvalidConfig) {
 			t.Fatalf("RedriveDeadLetters(%+v): %v, want ErrInvalidConfig", o, err)

@@ -12,8 +12,10 @@ select coalesce(max(id), 0) from {{.dead_letters}};
 -- name: dead_letters_redrive_step
 -- One step of RedriveDeadLetters: $1 are the ids of the page's dead letters
 -- that may be re-driven in place (not conflicts, not re-driven when the page
--- was read). Their records that are still FAILED_FINAL are locked in id
--- order, FOR UPDATE SKIP LOCKED: a record another re-drive (or a consumer's
+-- was read). A dead letter's record is the one of its message ID, or of its
+-- business key (a copy under another message ID that matched the record by
+-- business key and failed it is dead-lettered under its own message ID).
+-- Their records that are still FAILED_FINAL are locked in id order, FOR UPDATE SKIP LOCKED: a record another re-drive (or a consumer's
 -- claim) holds right now is left to it, so two re-drives at once never both
 -- release one record and never wait on each other; the lock also re-checks
 -- the status on the latest version (a record released by a re-drive that
@@ -23,31 +25,38 @@ select coalesce(max(id), 0) from {{.dead_letters}};
 -- redriven_at, so a second run finds them re-driven. Returns the records
 -- released and the dead letters stamped.
 with keys as (
-  select distinct scope, message_id from {{.dead_letters}}
+  select distinct scope, message_id, business_key from {{.dead_letters}}
   where id = any($1::bigint[]) and redriven_at is null),
 rec as (
   select r.id from {{.records}} r
-  join keys k on r.scope = k.scope and r.message_id = k.message_id
+  join keys k on r.scope = k.scope
+    and (r.message_id = k.message_id or (k.business_key <> '' and r.business_key = k.business_key))
   where r.status = 'FAILED_FINAL'
   order by r.id
   for update of r skip locked),
 up as (
   update {{.records}} r set status = 'FAILED_RETRYABLE', expires_at = null, updated_at = now()
   from rec where r.id = rec.id
-  returning r.scope, r.message_id),
+  returning r.scope, r.message_id, r.business_key),
 st as (
+  -- The live dead letters of the released records: by message ID (all, as
+  -- Redrive stamps them), and by business key those of their own failures
+  -- (a payload conflict of the business key stays live for RedriveAsNew).
   update {{.dead_letters}} d set redriven_at = now()
-  from up where d.scope = up.scope and d.message_id = up.message_id and d.redriven_at is null
+  from up where d.scope = up.scope and d.redriven_at is null
+    and (d.message_id = up.message_id
+      or (up.business_key <> '' and d.business_key = up.business_key
+          and d.reason in ('attempts_exhausted', 'permanent_error', 'bad_input')))
   returning 1)
 select (select count(*) from up)::bigint, (select count(*) from st)::bigint;
 
 -- name: dead_letters_redrive_dry
 -- A dry run's step: of the dead letters $1 (as dead_letters_redrive_step),
 -- how many distinct records are FAILED_FINAL now, so would be released.
-select count(*)::bigint from (
-  select distinct d.scope, d.message_id from {{.dead_letters}} d
-  join {{.records}} r on r.scope = d.scope and r.message_id = d.message_id
-  where d.id = any($1::bigint[]) and d.redriven_at is null and r.status = 'FAILED_FINAL') s;
+select count(distinct r.id)::bigint from {{.dead_letters}} d
+join {{.records}} r on r.scope = d.scope
+  and (r.message_id = d.message_id or (d.business_key <> '' and r.business_key = d.business_key))
+where d.id = any($1::bigint[]) and d.redriven_at is null and r.status = 'FAILED_FINAL';
 
 -- name: dead_letter_share
 -- RepublishDeadLetter's read of the dead letter, FOR SHARE: a purge cannot
