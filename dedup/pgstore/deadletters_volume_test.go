@@ -48,7 +48,7 @@ func TestDeadLetterVolume(t *testing.T) {
 		e.str(`select pg_size_pretty(pg_total_relation_size('`+e.dl()+`'))`))
 
 	// A scope's page walks the (scope, id) index.
-	var args []any = []any{int64(1000), 1000}
+	args := []any{int64(1000), 1000}
 	where := deadLetterWhere(dedup.DeadLetterFilter{Scope: "s3"}, &args)
 	plan := e.plan(`select d.id from `+e.dl()+` d where d.id > $1 and `+where+` order by d.id limit $2`, args...)
 	if !strings.Contains(plan, "dead_letters_scope_id_idx") {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -76,8 +77,7 @@ func (s *Store) deadLetterStreams(ctx context.Context, scope string) ([]string, 
 		return nil, fmt.Errorf("idemq/redisstore: find dead-letter streams: %w", err)
 	}
 	sort.Strings(out)
-	out = dedupSorted(out)
-	return out, nil
+	return slices.Compact(out), nil // SCAN may return a key twice
 }
 
 // isDeadLetterStream reports whether k is exactly "<Prefix>:{<16 hex>}:dead_letters"
@@ -93,16 +93,6 @@ func (s *Store) isDeadLetterStream(k string) bool {
 		}
 	}
 	return true
-}
-
-func dedupSorted(s []string) []string {
-	out := s[:0]
-	for i, v := range s {
-		if i == 0 || v != s[i-1] {
-			out = append(out, v)
-		}
-	}
-	return out
 }
 
 // globEscape escapes the SCAN MATCH metacharacters of s.
