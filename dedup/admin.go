@@ -41,7 +41,9 @@ type Record struct {
 	ExpiresAt *time.Time `json:"expires_at"`
 }
 
-// ErrNotFound is returned by Lookup and Redrive when no record matches.
+// ErrNotFound is returned by Lookup and Redrive when no record matches, and
+// (wrapped, naming the ID) by the stores' DeadLetter and
+// pgstore.Store.RepublishDeadLetter when no dead letter has the ID.
 var ErrNotFound = errors.New("idemq: record not found")
 
 // ErrNotFinal is returned by Redrive for a record that exists but is not

@@ -14,7 +14,7 @@ import (
 type Row struct {
 	// Seq orders rows: database-assigned at insert, increasing.
 	Seq int64
-	// ID is the UUIDv7 message ID.
+	// ID is the row's UUIDv7, its message ID unless MessageID is set.
 	ID uuid.UUID
 	// Topic is Message.Topic.
 	Topic string
@@ -60,6 +60,10 @@ type Row struct {
 	PublishedAt *time.Time
 	// PublishedBy is the RelayConfig.Name of the relay that marked it.
 	PublishedBy string
+	// MessageID is Message.MessageID: the caller-chosen message ID the
+	// row is published under; "" when it is published under ID (migration
+	// 003 added the column; older rows have "").
+	MessageID string
 }
 
 // ErrNotFound is returned by Get when no row has the ID.
@@ -69,7 +73,7 @@ func scanRow(r pgx.Row) (Row, error) {
 	var row Row
 	err := r.Scan(&row.Seq, &row.ID, &row.Topic, &row.Key, &row.Headers, &row.Payload, &row.CausationID,
 		&row.CreatedAt, &row.AvailableAt, &row.Attempts, &row.LastError, &row.LastErrorAt, &row.LastAttemptAt, &row.ParkedAt,
-		&row.PublishedAt, &row.PublishedBy)
+		&row.PublishedAt, &row.PublishedBy, &row.MessageID)
 	return row, err
 }
 

@@ -25,4 +25,6 @@ func ExampleMigrationSQL() {
 	// update "billing"."events_out_schema_version" set version = 1;
 	// -- idemq outbox version 2: 002_last_error_at.sql
 	// update "billing"."events_out_schema_version" set version = 2;
+	// -- idemq outbox version 3: 003_message_id.sql
+	// update "billing"."events_out_schema_version" set version = 3;
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/internal/otelx"
 
 	"github.com/idemq/idemq/internal/pgtext"
+	"github.com/idemq/idemq/wire"
 
 	"github.com/google/uuid"
 	"github.com/idemq/idemq/dedup"
@@ -58,6 +59,15 @@ type Message struct {
 	// Must not be negative. A delayed row also holds back the later rows of
 	// its key.
 	Delay time.Duration
+	// MessageID, when not "", is the message ID the row is published under
+	// (the value of Config.MessageIDHeader) instead of the row's UUIDv7: a
+	// caller-chosen ID, e.g. to republish a dead letter under its own
+	// message ID so the consumer's dedup recognises it
+	// (pgstore.Store.RepublishDeadLetter). The row still gets its UUIDv7
+	// (Add's return value, Row.ID, Envelope.ID), which the outbox's own
+	// bookkeeping uses. Default "": the UUIDv7 is the message ID. At most
+	// wire.MaxMessageIDBytes (255) bytes of UTF-8 without NUL, not blank.
+	MessageID string
 }
 
 // Causation returns the causation ID of a handled message: the string form
@@ -73,9 +83,14 @@ func Causation(m *dedup.Message) string {
 // Envelope is a row as the relay publishes it. Headers already hold the
 // message-ID header (and the causation header when the row has one).
 type Envelope struct {
-	// ID is the row's UUIDv7 message ID; its canonical text form is the
-	// value of the message-ID header.
+	// ID is the row's UUIDv7. Its canonical text form is the value of the
+	// message-ID header unless the row has a caller-chosen MessageID.
 	ID uuid.UUID
+	// MessageID is the value of the message-ID header, as Outbox.Envelope
+	// sets both: the row's Message.MessageID when it had one, else ID's
+	// canonical text form. Publishers send Headers (which hold it); this
+	// field is for logs and tests.
+	MessageID string
 	// Topic is the destination topic.
 	Topic string
 	// Key is the record key; nil when the row has none.
@@ -207,6 +222,7 @@ func (o *Outbox) AddBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]uui
 		payloads = make([][]byte, n)
 		causes   = make([]string, n)
 		delays   = make([]float64, n)
+		msgIDs   = make([]string, n)
 	)
 	for i := range msgs {
 		m := &msgs[i]
@@ -239,6 +255,7 @@ func (o *Outbox) AddBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]uui
 		payloads[i] = m.Payload
 		causes[i] = m.CausationID
 		delays[i] = m.Delay.Seconds()
+		msgIDs[i] = m.MessageID
 	}
 	for _, k := range keys {
 		if k != nil {
@@ -251,7 +268,7 @@ func (o *Outbox) AddBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]uui
 	}
 	var inserted int
 	var notified bool
-	err := tx.QueryRow(ctx, o.q.insertSQL, idText, topics, keys, headers, payloads, causes, delays, o.q.channel).
+	err := tx.QueryRow(ctx, o.q.insertSQL, idText, topics, keys, headers, payloads, causes, delays, o.q.channel, msgIDs).
 		Scan(&inserted, &notified)
 	if err != nil {
 		return nil, fmt.Errorf("idemq/outbox: insert %d rows: %w", n, err)
@@ -272,6 +289,9 @@ func (o *Outbox) validate(m *Message) error {
 		return fmt.Errorf("%w: CausationID must be at most %d bytes of UTF-8 without NUL", ErrInvalidMessage, MaxCausationBytes)
 	case m.Delay < 0:
 		return fmt.Errorf("%w: Delay %s is negative", ErrInvalidMessage, m.Delay)
+	case m.MessageID != "" && (strings.TrimSpace(m.MessageID) == "" || len(m.MessageID) > wire.MaxMessageIDBytes ||
+		!utf8.ValidString(m.MessageID) || strings.IndexByte(m.MessageID, 0) >= 0):
+		return fmt.Errorf("%w: MessageID must be at most %d bytes of UTF-8 without NUL, not blank", ErrInvalidMessage, wire.MaxMessageIDBytes)
 	}
 	for k, v := range m.Headers {
 		switch {
@@ -287,7 +307,7 @@ func (o *Outbox) validate(m *Message) error {
 }
 
 // Envelope returns the envelope the relay publishes for row: its headers plus
-// the message-ID header and, when the row has a causation ID and
+// the message-ID header (Row.MessageID, or else the row's ID) and, when the row has a causation ID and
 // Config.DisableCausation is false, the causation header. Every publish of a
 // row (first publish and republishes) uses the same envelope.
 func (o *Outbox) Envelope(row Row) Envelope {
@@ -295,7 +315,11 @@ func (o *Outbox) Envelope(row Row) Envelope {
 	for k, v := range row.Headers {
 		h[k] = v
 	}
-	h[o.cfg.MessageIDHeader] = row.ID.String()
+	mid := row.MessageID
+	if mid == "" {
+		mid = row.ID.String()
+	}
+	h[o.cfg.MessageIDHeader] = mid
 	if row.CausationID != "" && !o.cfg.DisableCausation {
 		h[o.cfg.CausationHeader] = row.CausationID
 	}
@@ -303,7 +327,7 @@ func (o *Outbox) Envelope(row Row) Envelope {
 	if len(row.Key) > 0 {
 		key = row.Key
 	}
-	return Envelope{ID: row.ID, Topic: row.Topic, Key: key, Headers: h, Payload: row.Payload}
+	return Envelope{ID: row.ID, MessageID: mid, Topic: row.Topic, Key: key, Headers: h, Payload: row.Payload}
 }
 
 // clip makes s storable in a text column (see pgtext.Clip).

@@ -277,7 +277,7 @@ func (r *Relay) scanClaimRows(rows pgx.Rows, c *claimed) error {
 		var row Row
 		var full bool
 		if err := rows.Scan(&kind, &f.seq, &row.ID, &row.Topic, &row.Key, &row.Headers, &row.Payload, &row.CausationID,
-			&f.attempts, &f.ready, &full); err != nil {
+			&f.attempts, &f.ready, &row.MessageID, &full); err != nil {
 			return err
 		}
 		c.windowFull = c.windowFull || full

@@ -31,6 +31,7 @@ func ExampleMigrationSQL() {
 	// -- idemq records version 4: 004_redrives.sql
 	// -- idemq records version 5: 005_records_hot_updates.sql
 	// -- idemq records version 6: 006_http_responses.sql
+	// -- idemq records version 7: 007_dead_letter_tooling.sql
 }
 
 // A service running under a data-only role checks the schema at start

@@ -45,6 +45,9 @@ type queries struct {
 	lookupByMessageIDSQL, lookupByBusinessKeySQL, deadLettersListSQL, deadLettersPrefixSQL, redriveRecordSQL, redriveRecordStatusSQL,
 	redriveDeadLettersSQL, purgeBoundSQL, purgeSQL, deadLetterLockSQL, businessKeyHolderSQL, redriveAuditInsertSQL,
 	redriveAuditGetSQL, redriveAuditPublishedSQL string
+	// deadletters.sql
+	deadLettersBoundSQL, deadLettersRedriveStepSQL, deadLettersRedriveDrySQL, deadLetterShareSQL,
+	republishInsertSQL, republishGetSQL, republishSetOutboxSQL string
 }
 
 // tableNames are the quoted table and index names of cfg: the template data
@@ -67,6 +70,10 @@ func tableNames(cfg Config) map[string]any {
 		"dead_letters_live_key":    ident(d + "_live_key"),
 		"dead_letters_created_idx": ident(d + "_created_idx"),
 		"redrives_dead_letter_key": ident(d + "_redrives_dl_key"),
+		// Dead-letter tooling (deadletters.go, migration 007).
+		"dead_letters_scope_id_idx": ident(d + "_scope_id_idx"),
+		"republishes":               qualified(d + "_republishes"),
+		"republishes_key":           ident(d + "_republishes_key"),
 		// HTTP requests (http.go, httpsql/http.sql, migration 006).
 		"http_responses":                qualified(r + "_http"),
 		"http_responses_unfinished_idx": ident(r + "_http_unfinished_idx"),
@@ -130,6 +137,14 @@ func newQueries(cfg Config) (queries, error) {
 		"redrive_audit_insert":    &q.redriveAuditInsertSQL,
 		"redrive_audit_get":       &q.redriveAuditGetSQL,
 		"redrive_audit_published": &q.redriveAuditPublishedSQL,
+
+		"dead_letters_bound":        &q.deadLettersBoundSQL,
+		"dead_letters_redrive_step": &q.deadLettersRedriveStepSQL,
+		"dead_letters_redrive_dry":  &q.deadLettersRedriveDrySQL,
+		"dead_letter_share":         &q.deadLetterShareSQL,
+		"republish_insert":          &q.republishInsertSQL,
+		"republish_get":             &q.republishGetSQL,
+		"republish_set_outbox":      &q.republishSetOutboxSQL,
 	})
 	if err != nil {
 		return queries{}, fmt.Errorf("idemq: statements: %w", err)

@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -111,7 +110,9 @@ func redriveReply(scope, messageID, st string) error {
 // (1 to 10000; 0 means 100), starting after ID afterID (0 for the start). A
 // dead letter's ID is its stream entry ID "<ms>-<seq>" as ms·1,000,000+seq.
 // Dead letters are trimmed once older than Config.FailedRetention.
-// RedrivenAs is set for dead letters re-driven with RedriveAsNew.
+// RedrivenAs is set for dead letters re-driven with RedriveAsNew, RedrivenAt
+// for those whose record was re-driven (Redrive, RedriveDeadLetters) after
+// they were written.
 func (s *Store) DeadLetters(ctx context.Context, scope string, afterID int64, limit int) ([]dedup.DeadLetter, error) {
 	if limit <= 0 {
 		limit = 100
@@ -119,38 +120,6 @@ func (s *Store) DeadLetters(ctx context.Context, scope string, afterID int64, li
 	if limit > 10000 {
 		return nil, fmt.Errorf("idemq/redisstore: dead letters: limit %d above 10000", limit)
 	}
-	start := "-"
-	if afterID > 0 {
-		start = "(" + entryID(afterID)
-	}
-	entries, err := s.c.XRangeN(ctx, s.keysOf(scope).deadLetters(), start, "+", int64(limit)).Result()
-	if err != nil {
-		return nil, fmt.Errorf("idemq/redisstore: dead letters: %w", err)
-	}
-	k := s.keysOf(scope)
-	pipe := s.c.Pipeline()
-	as := make([]*redis.StringCmd, len(entries))
-	for i, e := range entries {
-		as[i] = pipe.HGet(ctx, k.redrive(streamID(e.ID)), "new_message_id")
-	}
-	if len(entries) > 0 {
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("idemq/redisstore: dead letters: %w", err)
-		}
-	}
-	out := make([]dedup.DeadLetter, 0, len(entries))
-	for i, e := range entries {
-		f := func(k string) string { v, _ := e.Values[k].(string); return v }
-		attempts, _ := strconv.Atoi(f("attempts"))
-		created, _ := strconv.ParseInt(f("created_ms"), 10, 64)
-		d := dedup.DeadLetter{ID: streamID(e.ID), Scope: f("scope"), MessageID: f("message_id"), BusinessKey: f("business_key"),
-			Reason: f("reason"), Error: f("error"), ErrorClass: f("error_class"), Attempts: attempts, Topic: f("topic"),
-			Key: []byte(f("key")), Payload: []byte(f("payload")), Source: f("source"), CreatedAt: time.UnixMilli(created)}
-		if err := json.Unmarshal([]byte(f("headers")), &d.Headers); err != nil {
-			d.Headers = nil
-		}
-		d.RedrivenAs = as[i].Val()
-		out = append(out, d)
-	}
-	return out, nil
+	page, err := s.streamPage(ctx, s.keysOf(scope).deadLetters(), dedup.DeadLetterFilter{}, afterID, 0, limit)
+	return letters(page), err
 }

@@ -116,6 +116,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"StableOnRepublish", testStableOnRepublish},
 		{"PerKeyOrder", testPerKeyOrder},
 		{"FailuresReportedPerEnvelope", testFailuresReported},
+		{"ChosenMessageID", testChosenMessageID},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -306,6 +307,37 @@ func testStableOnRepublish(t *testing.T, h Harness) {
 				t.Fatalf("%s copy %d stored in lane %s, copy 0 in %s: a republished keyed envelope must land where the first copy did", env.ID, i, m.Lane, cs[0].Lane)
 			}
 		}
+	}
+}
+
+// testChosenMessageID: a row with a caller-chosen message ID
+// (outbox.Message.MessageID, e.g. a dead letter republished under its own
+// ID) is stored with that ID in the message-ID header, not the row's
+// UUIDv7, as outbox.Outbox.Envelope builds it.
+func testChosenMessageID(t *testing.T, h Harness) {
+	ob, err := outbox.New(nil, outbox.Config{MessageIDHeader: h.MessageIDHeader})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		t.Fatal(err)
+	}
+	chosen := "order-42#redrive-" + id.String()[24:]
+	e := ob.Envelope(outbox.Row{ID: id, MessageID: chosen, Topic: h.Topic, Key: []byte("chosen-key"),
+		Headers: map[string]string{"publishertest-case": t.Name()}, Payload: []byte(`{"n":1}`)})
+	if e.MessageID != chosen || e.Headers[h.MessageIDHeader] != chosen || e.ID != id {
+		t.Fatalf("Envelope: ID %s, MessageID %q, header %q; want the row's ID and the chosen message ID %q", e.ID, e.MessageID, e.Headers[h.MessageIDHeader], chosen)
+	}
+	if err := h.publish(t, []outbox.Envelope{e}); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	got := h.byID(h.Read(t, 1))
+	if len(got[chosen]) != 1 || len(got[id.String()]) != 0 {
+		t.Fatalf("on the topic by message-ID header: %d with the chosen ID %q, %d with the row's UUIDv7; want 1 and 0", len(got[chosen]), chosen, len(got[id.String()]))
+	}
+	if d := h.sameAs(got[chosen][0], e); d != "" {
+		t.Fatalf("read back with %s", d)
 	}
 }
 

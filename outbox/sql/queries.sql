@@ -5,19 +5,20 @@
 
 -- fragment: row_columns
 seq, id, topic, key, headers, payload, causation_id, created_at, available_at,
-  attempts, coalesce(last_error, ''), last_error_at, last_attempt_at, parked_at, published_at, coalesce(published_by, '')
+  attempts, coalesce(last_error, ''), last_error_at, last_attempt_at, parked_at, published_at, coalesce(published_by, ''),
+  message_id
 
 -- name: insert
 -- One statement for any number of rows; the NOTIFY rides in the same round
 -- trip and is delivered at commit (Postgres folds repeats within a
 -- transaction into one). $8 is the channel name (a string argument, never
--- spliced).
+-- spliced). $9 are the caller-chosen message IDs ('' = the row's id).
 with ins as (
-  insert into {{.outbox}} (id, topic, key, headers, payload, causation_id, available_at)
+  insert into {{.outbox}} (id, topic, key, headers, payload, causation_id, available_at, message_id)
   select u.id::uuid, u.topic, u.key, u.headers::jsonb, u.payload, u.causation_id,
-         now() + make_interval(secs => u.delay)
-  from unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::text[], $7::float8[])
-       with ordinality as u(id, topic, key, headers, payload, causation_id, delay, ord)
+         now() + make_interval(secs => u.delay), u.message_id
+  from unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::text[], $7::float8[], $9::text[])
+       with ordinality as u(id, topic, key, headers, payload, causation_id, delay, message_id, ord)
   order by u.ord
   returning 1
 )
@@ -58,7 +59,7 @@ select count(pg_advisory_xact_lock(l))::int from (
 -- yet analyzed Postgres guesses that 0.5% of the rows are unpublished, and
 -- would rather scan all of them. kind is 0 for a head, 1 for a follower.
 h as materialized (
-  select o.seq, o.id, o.topic, o.key, o.headers, o.payload, o.causation_id, o.attempts
+  select o.seq, o.id, o.topic, o.key, o.headers, o.payload, o.causation_id, o.attempts, o.message_id
   from {{.outbox}} o
   where o.seq = any(array(select seq from cand))
     and not o.seq = any(coalesce($3::bigint[], '{}'))
@@ -71,11 +72,11 @@ n as materialized (
   select count(*)::int as heads, greatest(1, ($2::int - count(*)::int) / greatest(count(h.key)::int, 1)) as per_key
   from h),
 r as (
-  select 0 as kind, h.seq, h.id, h.topic, h.key, h.headers, h.payload, h.causation_id, h.attempts, true as ready
+  select 0 as kind, h.seq, h.id, h.topic, h.key, h.headers, h.payload, h.causation_id, h.attempts, true as ready, h.message_id
   from h
   union all
   select 1, f.seq, f.id, f.topic, f.key, f.headers, f.payload, f.causation_id, f.attempts,
-         (f.parked_at is null and f.available_at <= now())
+         (f.parked_at is null and f.available_at <= now()), f.message_id
   from h cross join lateral (
     select * from {{.outbox}} f
     where f.topic = h.topic and f.key = h.key and f.seq > h.seq and f.published_at is null
@@ -102,7 +103,7 @@ cand as (
    where published_at is null and key is null and parked_at is null and available_at <= now()
    order by seq limit $1)),
 {{template "claim_rows" .}}
-select kind, seq, id, topic, key, headers, payload, causation_id, attempts, ready,
+select kind, seq, id, topic, key, headers, payload, causation_id, attempts, ready, message_id,
        (select count(*) from w) >= $4 as full
 from r
 order by kind, seq;
@@ -131,10 +132,10 @@ with recursive k(topic, key, seq, n) as (
 last as (select topic, key, n from k order by n desc limit 1),
 cand as (select seq from k),
 {{template "claim_rows" .}}
-select kind, seq, id, topic, key, headers, payload, causation_id, attempts, ready, true as full from r
+select kind, seq, id, topic, key, headers, payload, causation_id, attempts, ready, message_id, true as full from r
 union all
 select 2, coalesce((select n from last), 0)::bigint, '00000000-0000-0000-0000-000000000000'::uuid,
-       coalesce((select topic from last), ''), (select key from last), '{}'::jsonb, null::bytea, '', 0, false, true
+       coalesce((select topic from last), ''), (select key from last), '{}'::jsonb, null::bytea, '', 0, false, '', true
 order by 1, 2;
 
 -- name: mark_published
