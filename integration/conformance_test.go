@@ -183,42 +183,64 @@ func TestSourceConformanceKafka(t *testing.T) {
 	sourcetest.Run(t, func(t *testing.T) sourcetest.Harness {
 		const partitions = 3
 		topic, group := newTopic(t, partitions), randomName("g-srctest-")
-		return sourcetest.Harness{
-			Produce: func(t testing.TB, msgs []sourcetest.Message) {
-				t.Helper()
-				w := &kafka.Writer{Addr: kafka.TCP(kafkaBrokers(t)...), Topic: topic, RequiredAcks: kafka.RequireAll,
-					BatchTimeout: 5 * time.Millisecond, BatchSize: 1000, Balancer: kafka.Murmur2Balancer{}}
-				defer func() { _ = w.Close() }()
-				out := make([]kafka.Message, len(msgs))
-				for i, m := range msgs {
-					out[i] = kafka.Message{Key: m.Key, Value: m.Value, Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte(m.ID)}}}
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				if err := w.WriteMessages(ctx, out...); err != nil {
-					t.Fatal(err)
-				}
-			},
-			NewSource: func(t testing.TB) consumer.Source {
-				t.Helper()
-				src, err := kafkaadapter.NewSource(kafkaadapter.Config{Reader: readerConfig(t, group, topic)})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return src
-			},
-			Committed: func(t testing.TB) map[string]int64 {
-				t.Helper()
-				out := map[string]int64{}
-				for p, off := range committedOffsets(t, group, topic, partitions) {
-					if off >= 0 {
-						out[topic+"/"+strconv.Itoa(p)] = off
-					}
-				}
-				return out
-			},
-		}
+		return kafkaSourceHarness(kafkaBrokers(t), nil, nil, topic, group, partitions)
 	})
+}
+
+// The same suite over the SASL_SSL listener (TLS + SCRAM-SHA-512): the
+// source's group, partition readers and horizon check go through the
+// Reader's Dialer, the test's producer through a kafkasec Transport.
+func TestSourceConformanceKafkaSASL(t *testing.T) {
+	t.Parallel()
+	k := kafkaSASL(t)
+	sourcetest.Run(t, func(t *testing.T) sourcetest.Harness {
+		const partitions = 3
+		topic, group := k.topic(t, partitions), k.name("g-srctest")
+		return kafkaSourceHarness(k.brokers, mustDialer(t, k.admin()), mustTransport(t, k.admin()), topic, group, partitions)
+	})
+}
+
+// kafkaSourceHarness is the source suite's harness for topic and group on
+// brokers; dialer and rt carry TLS/SASL (nil: PLAINTEXT). Committed offsets
+// are read over the PLAINTEXT listener.
+func kafkaSourceHarness(brokers []string, dialer *kafka.Dialer, rt kafka.RoundTripper, topic, group string, partitions int) sourcetest.Harness {
+	return sourcetest.Harness{
+		Produce: func(t testing.TB, msgs []sourcetest.Message) {
+			t.Helper()
+			w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, Transport: rt,
+				BatchTimeout: 5 * time.Millisecond, BatchSize: 1000, Balancer: kafka.Murmur2Balancer{}}
+			defer func() { _ = w.Close() }()
+			out := make([]kafka.Message, len(msgs))
+			for i, m := range msgs {
+				out[i] = kafka.Message{Key: m.Key, Value: m.Value, Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte(m.ID)}}}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := w.WriteMessages(ctx, out...); err != nil {
+				t.Fatal(err)
+			}
+		},
+		NewSource: func(t testing.TB) consumer.Source {
+			t.Helper()
+			rc := readerConfig(t, group, topic)
+			rc.Brokers, rc.Dialer = brokers, dialer
+			src, err := kafkaadapter.NewSource(kafkaadapter.Config{Reader: rc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return src
+		},
+		Committed: func(t testing.TB) map[string]int64 {
+			t.Helper()
+			out := map[string]int64{}
+			for p, off := range committedOffsets(t, group, topic, partitions) {
+				if off >= 0 {
+					out[topic+"/"+strconv.Itoa(p)] = off
+				}
+			}
+			return out
+		},
+	}
 }
 
 // The RocketMQ pull-mode source. Its Harness has no Committed: reading a
