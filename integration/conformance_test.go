@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/sourcetest"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/kafkapub"
 	"github.com/idemq/idemq/outbox/publishertest"
 	"github.com/idemq/idemq/outbox/rocketmqpub"
 	"github.com/idemq/idemq/wire"
@@ -37,50 +38,76 @@ const kafkaTopicMaxBytes = 16 << 10
 func TestPublisherConformanceKafka(t *testing.T) {
 	t.Parallel()
 	publishertest.Run(t, func(t *testing.T) publishertest.Harness {
-		const partitions = 3
-		topic := randomName("idemq-pubtest-")
-		cl := &kafka.Client{Addr: kafka.TCP(kafkaBrokers(t)...), Timeout: 10 * time.Second}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		resp, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
-			ConfigEntries: []kafka.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(kafkaTopicMaxBytes)}}}}})
-		if err != nil || resp.Errors[topic] != nil {
-			t.Fatalf("create topic %s: %v %v", topic, err, resp)
-		}
-		// EnsureTopics on an existing topic waits until every partition's
-		// leader serves it.
-		if err := kafkaadapter.EnsureTopics(ctx, kafkaBrokers(t), partitions, topic); err != nil {
-			t.Fatal(err)
-		}
-		return publishertest.Harness{
-			Publisher: obKafkaPub(t),
-			Topic:     topic,
-			Read: func(t testing.TB, n int) []publishertest.Message {
-				t.Helper()
-				var out []publishertest.Message
-				eventually(t, 2*time.Minute, fmt.Sprintf("%d messages on %s", n, topic), func() bool {
-					out = out[:0]
-					for p, msgs := range obReadAll(t, topic, partitions) {
-						for _, m := range msgs {
-							hs := map[string]string{}
-							for _, h := range m.Headers {
-								hs[h.Key] = string(h.Value)
-							}
-							out = append(out, publishertest.Message{Lane: strconv.Itoa(p), Seq: m.Offset, Key: m.Key, Value: m.Value, Headers: hs})
-						}
-					}
-					return len(out) >= n
-				})
-				return out
-			},
-			// A record above the topic's max.message.bytes: the broker
-			// answers MESSAGE_TOO_LARGE.
-			Refuse: func(e outbox.Envelope) outbox.Envelope {
-				e.Payload = randomBytes(t, 2*kafkaTopicMaxBytes)
-				return e
-			},
-		}
+		return kafkaPublisherHarness(t, kafkaBrokers(t), nil, randomName("idemq-pubtest-"))
 	})
+}
+
+// The same suite with the publisher on the SASL_SSL listener (TLS +
+// SCRAM-SHA-512 through kafkapub.Config.Transport). The topics are made and
+// read back over the PLAINTEXT listener.
+func TestPublisherConformanceKafkaSASL(t *testing.T) {
+	t.Parallel()
+	k := kafkaSASL(t)
+	publishertest.Run(t, func(t *testing.T) publishertest.Harness {
+		return kafkaPublisherHarness(t, k.brokers, mustTransport(t, k.admin()), k.name("pubtest"))
+	})
+}
+
+// kafkaPublisherHarness is the publisher suite's harness: a kafkapub
+// Publisher on brokers through rt (nil: PLAINTEXT) publishing to topic.
+func kafkaPublisherHarness(t *testing.T, brokers []string, rt kafka.RoundTripper, topic string) publishertest.Harness {
+	const partitions = 3
+	cl := &kafka.Client{Addr: kafka.TCP(kafkaBrokers(t)...), Timeout: 10 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	resp, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
+		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(kafkaTopicMaxBytes)}}}}})
+	if err != nil || resp.Errors[topic] != nil {
+		t.Fatalf("create topic %s: %v %v", topic, err, resp)
+	}
+	// EnsureTopics on an existing topic waits until every partition's
+	// leader serves it.
+	if err := kafkaadapter.EnsureTopics(ctx, kafkaBrokers(t), partitions, topic); err != nil {
+		t.Fatal(err)
+	}
+	return publishertest.Harness{
+		Publisher: kafkaPub(t, brokers, rt),
+		Topic:     topic,
+		Read: func(t testing.TB, n int) []publishertest.Message {
+			t.Helper()
+			var out []publishertest.Message
+			eventually(t, 2*time.Minute, fmt.Sprintf("%d messages on %s", n, topic), func() bool {
+				out = out[:0]
+				for p, msgs := range obReadAll(t, topic, partitions) {
+					for _, m := range msgs {
+						hs := map[string]string{}
+						for _, h := range m.Headers {
+							hs[h.Key] = string(h.Value)
+						}
+						out = append(out, publishertest.Message{Lane: strconv.Itoa(p), Seq: m.Offset, Key: m.Key, Value: m.Value, Headers: hs})
+					}
+				}
+				return len(out) >= n
+			})
+			return out
+		},
+		// A record above the topic's max.message.bytes: the broker
+		// answers MESSAGE_TOO_LARGE.
+		Refuse: func(e outbox.Envelope) outbox.Envelope {
+			e.Payload = randomBytes(t, 2*kafkaTopicMaxBytes)
+			return e
+		},
+	}
+}
+
+func kafkaPub(t testing.TB, brokers []string, rt kafka.RoundTripper) *kafkapub.Publisher {
+	t.Helper()
+	p, err := kafkapub.New(kafkapub.Config{Brokers: brokers, Transport: rt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
 }
 
 func TestPublisherConformanceRocketMQ(t *testing.T) {

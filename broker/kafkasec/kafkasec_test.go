@@ -68,7 +68,8 @@ func write(t *testing.T, name string, b []byte) string {
 	return p
 }
 
-const secret = "s3cr3t-Passw0rd"
+// hidden is a password that must never show in an error or String.
+const hidden = "s3cr3t-Passw0rd"
 
 func TestValidateNamesFieldNeverPassword(t *testing.T) {
 	pki := newPKI(t)
@@ -78,11 +79,11 @@ func TestValidateNamesFieldNeverPassword(t *testing.T) {
 		cfg   Config
 		field string
 	}{
-		{"unknown mechanism", Config{SASL: SASL{Mechanism: "GSSAPI", Username: "u", Password: secret}}, "SASL.Mechanism"},
-		{"no user", Config{SASL: SASL{Mechanism: ScramSHA512, Password: secret}}, "SASL.Username"},
+		{"unknown mechanism", Config{SASL: SASL{Mechanism: "GSSAPI", Username: "u", Password: hidden}}, "SASL.Mechanism"},
+		{"no user", Config{SASL: SASL{Mechanism: ScramSHA512, Password: hidden}}, "SASL.Username"},
 		{"no password", Config{SASL: SASL{Mechanism: ScramSHA256, Username: "u"}}, "SASL.Password"},
-		{"credentials without mechanism", Config{SASL: SASL{Username: "u", Password: secret}}, "SASL.Mechanism"},
-		{"CA file missing", Config{TLS: TLS{CAFile: missing}, SASL: SASL{Mechanism: Plain, Username: "u", Password: secret}}, "TLS.CAFile"},
+		{"credentials without mechanism", Config{SASL: SASL{Username: "u", Password: hidden}}, "SASL.Mechanism"},
+		{"CA file missing", Config{TLS: TLS{CAFile: missing}, SASL: SASL{Mechanism: Plain, Username: "u", Password: hidden}}, "TLS.CAFile"},
 		{"CA not PEM", Config{TLS: TLS{CAPEM: []byte("not a certificate")}}, "TLS.CAPEM"},
 		{"CA twice", Config{TLS: TLS{CAFile: write(t, "ca.pem", pki.caPEM), CAPEM: pki.caPEM}}, "TLS.CAFile and TLS.CAPEM"},
 		{"cert without key", Config{TLS: TLS{CertFile: write(t, "c.pem", pki.clientCert)}}, "TLS.KeyFile"},
@@ -106,7 +107,7 @@ func TestValidateNamesFieldNeverPassword(t *testing.T) {
 				if !strings.Contains(err.Error(), c.field) {
 					t.Errorf("err = %q, want it to name %s", err, c.field)
 				}
-				if strings.Contains(err.Error(), secret) {
+				if strings.Contains(err.Error(), hidden) {
 					t.Errorf("err = %q contains the password", err)
 				}
 			}
@@ -115,9 +116,9 @@ func TestValidateNamesFieldNeverPassword(t *testing.T) {
 }
 
 func TestStringHidesPassword(t *testing.T) {
-	c := Config{TLS: TLS{CAFile: "/etc/ca.pem"}, SASL: SASL{Mechanism: ScramSHA512, Username: "orders", Password: secret}}
+	c := Config{TLS: TLS{CAFile: "/etc/ca.pem"}, SASL: SASL{Mechanism: ScramSHA512, Username: "orders", Password: hidden}}
 	for _, s := range []string{c.String(), fmt.Sprintf("%v", c), fmt.Sprintf("%+v", c), fmt.Sprintf("%#v", c.SASL), fmt.Sprint(c.SASL)} {
-		if strings.Contains(s, secret) {
+		if strings.Contains(s, hidden) {
 			t.Errorf("%q contains the password", s)
 		}
 	}
