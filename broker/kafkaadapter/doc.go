@@ -52,6 +52,10 @@
 // a rebalance the partition's next owner replays at most what the previous
 // owner had in hand.
 //
+// The old kafka-go Reader-based adapter could not do this: the Reader has no
+// revoke hook and commits buffered messages of a revoked partition with the
+// new generation (segmentio/kafka-go#1398).
+//
 // # Secured brokers
 //
 // Set Config.Reader.Dialer to a dialer with TLS and SASL (build it with
@@ -71,8 +75,4 @@
 // Config.RedeliveryHorizon (at least the topics' retention.ms) to state the
 // horizon instead: the risk of a value that is too short is in that field's
 // comment and in docs/operations.md ("Secured Kafka").
-//
-// The old kafka-go Reader-based adapter could not do this: the Reader has no
-// revoke hook and commits buffered messages of a revoked partition with the
-// new generation (segmentio/kafka-go#1398).
 package kafkaadapter
