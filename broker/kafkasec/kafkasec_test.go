@@ -207,7 +207,7 @@ func TestTLSConfigHandshake(t *testing.T) {
 			if err != nil {
 				return
 			}
-			go func() { _ = c.(*tls.Conn).Handshake(); _, _ = io.Copy(io.Discard, c); c.Close() }()
+			go func() { _ = c.(*tls.Conn).Handshake(); _, _ = io.Copy(io.Discard, c); _ = c.Close() }()
 		}
 	}()
 	handshake := func(cfg Config) error {
