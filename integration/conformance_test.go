@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/consumer/sourcetest"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/kafkapub"
 	"github.com/idemq/idemq/outbox/publishertest"
 	"github.com/idemq/idemq/outbox/rocketmqpub"
 	"github.com/idemq/idemq/wire"
@@ -37,50 +38,76 @@ const kafkaTopicMaxBytes = 16 << 10
 func TestPublisherConformanceKafka(t *testing.T) {
 	t.Parallel()
 	publishertest.Run(t, func(t *testing.T) publishertest.Harness {
-		const partitions = 3
-		topic := randomName("idemq-pubtest-")
-		cl := &kafka.Client{Addr: kafka.TCP(kafkaBrokers(t)...), Timeout: 10 * time.Second}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		resp, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
-			ConfigEntries: []kafka.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(kafkaTopicMaxBytes)}}}}})
-		if err != nil || resp.Errors[topic] != nil {
-			t.Fatalf("create topic %s: %v %v", topic, err, resp)
-		}
-		// EnsureTopics on an existing topic waits until every partition's
-		// leader serves it.
-		if err := kafkaadapter.EnsureTopics(ctx, kafkaBrokers(t), partitions, topic); err != nil {
-			t.Fatal(err)
-		}
-		return publishertest.Harness{
-			Publisher: obKafkaPub(t),
-			Topic:     topic,
-			Read: func(t testing.TB, n int) []publishertest.Message {
-				t.Helper()
-				var out []publishertest.Message
-				eventually(t, 2*time.Minute, fmt.Sprintf("%d messages on %s", n, topic), func() bool {
-					out = out[:0]
-					for p, msgs := range obReadAll(t, topic, partitions) {
-						for _, m := range msgs {
-							hs := map[string]string{}
-							for _, h := range m.Headers {
-								hs[h.Key] = string(h.Value)
-							}
-							out = append(out, publishertest.Message{Lane: strconv.Itoa(p), Seq: m.Offset, Key: m.Key, Value: m.Value, Headers: hs})
-						}
-					}
-					return len(out) >= n
-				})
-				return out
-			},
-			// A record above the topic's max.message.bytes: the broker
-			// answers MESSAGE_TOO_LARGE.
-			Refuse: func(e outbox.Envelope) outbox.Envelope {
-				e.Payload = randomBytes(t, 2*kafkaTopicMaxBytes)
-				return e
-			},
-		}
+		return kafkaPublisherHarness(t, kafkaBrokers(t), nil, randomName("idemq-pubtest-"))
 	})
+}
+
+// The same suite with the publisher on the SASL_SSL listener (TLS +
+// SCRAM-SHA-512 through kafkapub.Config.Transport). The topics are made and
+// read back over the PLAINTEXT listener.
+func TestPublisherConformanceKafkaSASL(t *testing.T) {
+	t.Parallel()
+	k := kafkaSASL(t)
+	publishertest.Run(t, func(t *testing.T) publishertest.Harness {
+		return kafkaPublisherHarness(t, k.brokers, mustTransport(t, k.admin()), k.name("pubtest"))
+	})
+}
+
+// kafkaPublisherHarness is the publisher suite's harness: a kafkapub
+// Publisher on brokers through rt (nil: PLAINTEXT) publishing to topic.
+func kafkaPublisherHarness(t *testing.T, brokers []string, rt kafka.RoundTripper, topic string) publishertest.Harness {
+	const partitions = 3
+	cl := &kafka.Client{Addr: kafka.TCP(kafkaBrokers(t)...), Timeout: 10 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	resp, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
+		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(kafkaTopicMaxBytes)}}}}})
+	if err != nil || resp.Errors[topic] != nil {
+		t.Fatalf("create topic %s: %v %v", topic, err, resp)
+	}
+	// EnsureTopics on an existing topic waits until every partition's
+	// leader serves it.
+	if err := kafkaadapter.EnsureTopics(ctx, kafkaBrokers(t), partitions, topic); err != nil {
+		t.Fatal(err)
+	}
+	return publishertest.Harness{
+		Publisher: kafkaPub(t, brokers, rt),
+		Topic:     topic,
+		Read: func(t testing.TB, n int) []publishertest.Message {
+			t.Helper()
+			var out []publishertest.Message
+			eventually(t, 2*time.Minute, fmt.Sprintf("%d messages on %s", n, topic), func() bool {
+				out = out[:0]
+				for p, msgs := range obReadAll(t, topic, partitions) {
+					for _, m := range msgs {
+						hs := map[string]string{}
+						for _, h := range m.Headers {
+							hs[h.Key] = string(h.Value)
+						}
+						out = append(out, publishertest.Message{Lane: strconv.Itoa(p), Seq: m.Offset, Key: m.Key, Value: m.Value, Headers: hs})
+					}
+				}
+				return len(out) >= n
+			})
+			return out
+		},
+		// A record above the topic's max.message.bytes: the broker
+		// answers MESSAGE_TOO_LARGE.
+		Refuse: func(e outbox.Envelope) outbox.Envelope {
+			e.Payload = randomBytes(t, 2*kafkaTopicMaxBytes)
+			return e
+		},
+	}
+}
+
+func kafkaPub(t testing.TB, brokers []string, rt kafka.RoundTripper) *kafkapub.Publisher {
+	t.Helper()
+	p, err := kafkapub.New(kafkapub.Config{Brokers: brokers, Transport: rt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
 }
 
 func TestPublisherConformanceRocketMQ(t *testing.T) {
@@ -183,42 +210,64 @@ func TestSourceConformanceKafka(t *testing.T) {
 	sourcetest.Run(t, func(t *testing.T) sourcetest.Harness {
 		const partitions = 3
 		topic, group := newTopic(t, partitions), randomName("g-srctest-")
-		return sourcetest.Harness{
-			Produce: func(t testing.TB, msgs []sourcetest.Message) {
-				t.Helper()
-				w := &kafka.Writer{Addr: kafka.TCP(kafkaBrokers(t)...), Topic: topic, RequiredAcks: kafka.RequireAll,
-					BatchTimeout: 5 * time.Millisecond, BatchSize: 1000, Balancer: kafka.Murmur2Balancer{}}
-				defer func() { _ = w.Close() }()
-				out := make([]kafka.Message, len(msgs))
-				for i, m := range msgs {
-					out[i] = kafka.Message{Key: m.Key, Value: m.Value, Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte(m.ID)}}}
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				if err := w.WriteMessages(ctx, out...); err != nil {
-					t.Fatal(err)
-				}
-			},
-			NewSource: func(t testing.TB) consumer.Source {
-				t.Helper()
-				src, err := kafkaadapter.NewSource(kafkaadapter.Config{Reader: readerConfig(t, group, topic)})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return src
-			},
-			Committed: func(t testing.TB) map[string]int64 {
-				t.Helper()
-				out := map[string]int64{}
-				for p, off := range committedOffsets(t, group, topic, partitions) {
-					if off >= 0 {
-						out[topic+"/"+strconv.Itoa(p)] = off
-					}
-				}
-				return out
-			},
-		}
+		return kafkaSourceHarness(kafkaBrokers(t), nil, nil, topic, group, partitions)
 	})
+}
+
+// The same suite over the SASL_SSL listener (TLS + SCRAM-SHA-512): the
+// source's group, partition readers and horizon check go through the
+// Reader's Dialer, the test's producer through a kafkasec Transport.
+func TestSourceConformanceKafkaSASL(t *testing.T) {
+	t.Parallel()
+	k := kafkaSASL(t)
+	sourcetest.Run(t, func(t *testing.T) sourcetest.Harness {
+		const partitions = 3
+		topic, group := k.topic(t, partitions), k.name("g-srctest")
+		return kafkaSourceHarness(k.brokers, mustDialer(t, k.admin()), mustTransport(t, k.admin()), topic, group, partitions)
+	})
+}
+
+// kafkaSourceHarness is the source suite's harness for topic and group on
+// brokers; dialer and rt carry TLS/SASL (nil: PLAINTEXT). Committed offsets
+// are read over the PLAINTEXT listener.
+func kafkaSourceHarness(brokers []string, dialer *kafka.Dialer, rt kafka.RoundTripper, topic, group string, partitions int) sourcetest.Harness {
+	return sourcetest.Harness{
+		Produce: func(t testing.TB, msgs []sourcetest.Message) {
+			t.Helper()
+			w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, Transport: rt,
+				BatchTimeout: 5 * time.Millisecond, BatchSize: 1000, Balancer: kafka.Murmur2Balancer{}}
+			defer func() { _ = w.Close() }()
+			out := make([]kafka.Message, len(msgs))
+			for i, m := range msgs {
+				out[i] = kafka.Message{Key: m.Key, Value: m.Value, Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte(m.ID)}}}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := w.WriteMessages(ctx, out...); err != nil {
+				t.Fatal(err)
+			}
+		},
+		NewSource: func(t testing.TB) consumer.Source {
+			t.Helper()
+			rc := readerConfig(t, group, topic)
+			rc.Brokers, rc.Dialer = brokers, dialer
+			src, err := kafkaadapter.NewSource(kafkaadapter.Config{Reader: rc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return src
+		},
+		Committed: func(t testing.TB) map[string]int64 {
+			t.Helper()
+			out := map[string]int64{}
+			for p, off := range committedOffsets(t, group, topic, partitions) {
+				if off >= 0 {
+					out[topic+"/"+strconv.Itoa(p)] = off
+				}
+			}
+			return out
+		},
+	}
 }
 
 // The RocketMQ pull-mode source. Its Harness has no Committed: reading a

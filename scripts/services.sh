@@ -5,7 +5,8 @@
 #   service    how it runs                                                 listens on (127.0.0.1)
 #   postgres   Debian package `postgresql`; our own cluster in the cache    5432
 #   redis      Debian package `redis-server`                                6379
-#   kafka      Kafka 4.1.1 (KRaft, one node) from Maven Central jars        9092 (controller 9093)
+#   kafka      Kafka 4.1.1 (KRaft, one node) from Maven Central jars        9092 (controller 9093),
+#                                                                           9094 SASL_SSL (SCRAM)
 #   rocketmq   RocketMQ 5.3.3 NameServer + broker from Maven Central jars   9876, 10911
 #
 # Usage: scripts/services.sh COMMAND [SERVICE...]      (no SERVICE means all four)
@@ -38,7 +39,8 @@
 #                    openjdk-17-jre-headless).
 #
 # Layout of the cache: postgres/{data,run,postgres.log}  redis/{redis.pid,redis.log}
-#   kafka/{pom.xml,lib,server.properties,log4j2.properties,data,kafka.log,kafka.pid}
+#   kafka/{pom.xml,lib,server.properties,log4j2.properties,data,kafka.log,kafka.pid,
+#          tls/{ca.pem,server.pem,...},kafkasasl,sasl.log,sasl.ready}
 #   rocketmq/{pom.xml,lib,home,namesrv.conf,broker.conf,store,namesrv.log,broker.log,*.pid}
 # The reasons behind the broker settings are in the comments below.
 #
@@ -59,9 +61,15 @@ KAFKA_CLUSTER_ID=5L6g3nShT-eMCtK--X86sw
 ROCKETMQ_VERSION=5.3.3
 DEPENDENCY_PLUGIN=org.apache.maven.plugins:maven-dependency-plugin:3.8.1
 
-PG_PORT=5432 REDIS_PORT=6379 KAFKA_PORT=9092 KAFKA_CONTROLLER_PORT=9093
+PG_PORT=5432 REDIS_PORT=6379 KAFKA_PORT=9092 KAFKA_CONTROLLER_PORT=9093 KAFKA_SASL_PORT=9094
 NAMESRV_PORT=9876 BROKER_PORT=10911
 PG_DSN="postgres://idemq:idemq@127.0.0.1:$PG_PORT/idemq?sslmode=disable"
+# The SASL_SSL listener's SCRAM users (test passwords, fixed; the listener is on loopback only).
+# idemq-test is a super user; idemq-reader may Read/Describe the topics and consumer groups
+# named KAFKA_SASL_READER_PREFIX* and nothing else (no DescribeConfigs: the horizon check fails).
+KAFKA_SASL_USER=idemq-test KAFKA_SASL_PASSWORD=idemq-test-secret
+KAFKA_SASL_READER_USER=idemq-reader KAFKA_SASL_READER_PASSWORD=idemq-reader-secret
+KAFKA_SASL_READER_PREFIX=idemq-sasl-
 
 # ---------------------------------------------------------------------------------- helpers
 
@@ -457,19 +465,79 @@ kafka_api_ok() {
 }
 
 kafka_pid() { pid_of "$KAFKA_DIR/kafka.pid" kafka.Kafka; }
-kafka_ready() { kafka_api_ok && grep -q 'Kafka Server started' "$KAFKA_DIR/kafka.log" 2>/dev/null; }
+# kafka_broker_ready: both client listeners answer and the broker logged its start.
+kafka_broker_ready() {
+  kafka_api_ok && port_open $KAFKA_SASL_PORT && grep -q 'Kafka Server started' "$KAFKA_DIR/kafka.log" 2>/dev/null
+}
+# kafka_ready: kafka_broker_ready, and the SCRAM users log in on the SASL_SSL listener (sasl.ready
+# is written by kafka_sasl_setup after each start and removed before each start).
+kafka_ready() { kafka_broker_ready && [[ -f $KAFKA_DIR/sasl.ready ]]; }
 
+# kafka_tls_material: a test CA and a server certificate for 127.0.0.1/localhost signed by it,
+# made with openssl once into $KAFKA_DIR/tls (never committed; wipe the folder to renew).
+# server.pem holds the unencrypted PKCS#8 key and the certificate, as Kafka's PEM keystore wants.
+kafka_tls_material() {
+  local d=$KAFKA_DIR/tls
+  [[ -s $d/ca.pem && -s $d/server.pem ]] && return 0
+  command -v openssl >/dev/null || fail /dev/null "openssl is needed to make the SASL_SSL listener's test certificates"
+  log "making a test CA and server certificate in $d"
+  rm -rf "$d.tmp"
+  mkdir -p "$d.tmp"
+  (
+    cd "$d.tmp"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=idemq test CA" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -keyout ca.key -out ca.pem
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout server.key -out server.csr
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n' >server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 -extfile server.ext -out server.crt
+    openssl pkcs8 -topk8 -nocrypt -in server.key -out server.pk8
+    cat server.pk8 server.crt >server.pem
+  ) >"$KAFKA_DIR/tls.log" 2>&1 || fail "$KAFKA_DIR/tls.log" "openssl could not make the test certificates"
+  rm -rf "$d"
+  mv "$d.tmp" "$d"
+}
+
+# kafka_sasl_setup: after each start, over PLAINTEXT (User:ANONYMOUS is a super user), create the
+# SCRAM users and the read-only user's ACLs, then log in with both over SASL_SSL
+# (integration/cmd/kafkasasl, built once into the cache with the Go toolchain).
+kafka_sasl_setup() {
+  local bin=$KAFKA_DIR/kafkasasl src=$REPO/integration/cmd/kafkasasl
+  if [[ ! -x $bin || -n $(find "$src" -newer "$bin" -name '*.go' 2>/dev/null) ]]; then
+    command -v go >/dev/null || fail /dev/null "the Go toolchain is needed to create the SASL users (go build ./integration/cmd/kafkasasl)"
+    (cd "$REPO/integration" && go build -o "$bin" ./cmd/kafkasasl) >"$KAFKA_DIR/sasl.log" 2>&1 ||
+      fail "$KAFKA_DIR/sasl.log" "could not build integration/cmd/kafkasasl"
+  fi
+  "$bin" -plaintext 127.0.0.1:$KAFKA_PORT -sasl 127.0.0.1:$KAFKA_SASL_PORT -ca "$KAFKA_DIR/tls/ca.pem" \
+    -admin "$KAFKA_SASL_USER:$KAFKA_SASL_PASSWORD" -reader "$KAFKA_SASL_READER_USER:$KAFKA_SASL_READER_PASSWORD" \
+    -prefix "$KAFKA_SASL_READER_PREFIX" >>"$KAFKA_DIR/sasl.log" 2>&1 ||
+    fail "$KAFKA_DIR/sasl.log" "the SCRAM users could not be created or cannot log in on 127.0.0.1:$KAFKA_SASL_PORT"
+  touch "$KAFKA_DIR/sasl.ready"
+  log "SASL_SSL on 127.0.0.1:$KAFKA_SASL_PORT: users $KAFKA_SASL_USER, $KAFKA_SASL_READER_USER log in"
+}
+
+# The SASL_SSL listener (9094): TLS with the test certificate and SCRAM-SHA-256/512 logins. The
+# controller and inter-broker traffic stay PLAINTEXT. ACLs are on (StandardAuthorizer, the KRaft
+# one); User:ANONYMOUS, the principal of every PLAINTEXT connection, is a super user, so the
+# PLAINTEXT listener and everything using it behave as without ACLs. So is the admin SCRAM user.
 kafka_write_config() {
   cat >"$KAFKA_DIR/server.properties" <<EOF
 # generated by scripts/services.sh
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL
+sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.ssl.keystore.type=PEM
+listener.name.sasl_ssl.ssl.keystore.location=$KAFKA_DIR/tls/server.pem
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS;User:$KAFKA_SASL_USER
 log.dirs=$KAFKA_DIR/data
 num.partitions=3
 auto.create.topics.enable=true
@@ -507,7 +575,9 @@ up_kafka() {
     <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-api</artifactId><version>$KAFKA_LOG4J_VERSION</version></dependency>
     <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>$KAFKA_LOG4J_VERSION</version></dependency>
     <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>$KAFKA_LOG4J_VERSION</version></dependency>")"
+    kafka_tls_material
     kafka_write_config
+    rm -f "$KAFKA_DIR/sasl.ready"
     local jopts=(-Xms512m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true
       "-Dlog4j2.configurationFile=$KAFKA_DIR/log4j2.properties" -cp "$KAFKA_DIR/lib/*")
     # Format once; the data (topics, offsets) then survives down/up.
@@ -523,9 +593,10 @@ up_kafka() {
       "$JAVA" "${jopts[@]}" kafka.Kafka "$KAFKA_DIR/server.properties" ||
       fail "$KAFKA_DIR/kafka.log" "kafka did not start"
   fi
-  wait_for 90 "$KAFKA_DIR/kafka.pid" kafka.Kafka kafka_ready || rc=$?
+  wait_for 90 "$KAFKA_DIR/kafka.pid" kafka.Kafka kafka_broker_ready || rc=$?
   ((rc == 0)) || fail "$KAFKA_DIR/kafka.log" "$( ((rc == 2)) && echo "kafka exited" || echo "kafka not ready after 90 s")
   (if its data is to blame: scripts/services.sh down kafka; rm -rf $KAFKA_DIR/data)"
+  [[ -f $KAFKA_DIR/sasl.ready ]] || kafka_sasl_setup
   log "ready (pid $(kafka_pid))"
 }
 
@@ -748,6 +819,13 @@ print_env() {
 export TEST_POSTGRES_DSN='$PG_DSN'
 export TEST_REDIS_ADDR=127.0.0.1:$REDIS_PORT
 export TEST_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT
+export TEST_KAFKA_SASL_BROKERS=127.0.0.1:$KAFKA_SASL_PORT
+export TEST_KAFKA_SASL_CA='$KAFKA_DIR/tls/ca.pem'
+export TEST_KAFKA_SASL_USER=$KAFKA_SASL_USER
+export TEST_KAFKA_SASL_PASSWORD=$KAFKA_SASL_PASSWORD
+export TEST_KAFKA_SASL_READER_USER=$KAFKA_SASL_READER_USER
+export TEST_KAFKA_SASL_READER_PASSWORD=$KAFKA_SASL_READER_PASSWORD
+export TEST_KAFKA_SASL_READER_PREFIX=$KAFKA_SASL_READER_PREFIX
 export TEST_ROCKETMQ_NAMESRV=127.0.0.1:$NAMESRV_PORT
 export TEST_ROCKETMQ_BROKER=127.0.0.1:$BROKER_PORT
 export TEST_ROCKETMQ_LIB=$RMQ_DIR/lib

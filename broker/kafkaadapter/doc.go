@@ -56,6 +56,26 @@
 // revoke hook and commits buffered messages of a revoked partition with the
 // new generation (segmentio/kafka-go#1398).
 //
+// # Secured brokers
+//
+// Set Config.Reader.Dialer to a dialer with TLS and SASL (build it with
+// broker/kafkasec, kafkasec.Config.Dialer). Every connection of the Source
+// uses it: the consumer group, the partition readers and the redelivery
+// horizon check (Source.RedeliveryHorizon, a DescribeConfigs request sent
+// through kafkasec.TransportFromDialer of that Dialer). The admin helpers
+// take the same settings as a kafka.RoundTripper: EnsureTopicsWith,
+// GroupLagWith, TopicRetentionWith (EnsureTopics, GroupLag and
+// TopicRetention are their PLAINTEXT shorthands). A refused SASL login or a
+// security-protocol mismatch fails with an error wrapping
+// kafkasec.ErrAuthentication or kafkasec.ErrSecurityMismatch instead of
+// kafka-go's "Broker Not Available" or EOF.
+//
+// The horizon check needs the DescribeConfigs ACL on the consumed topics.
+// Without it the check fails with ErrHorizonCheckDenied; set
+// Config.RedeliveryHorizon (at least the topics' retention.ms) to state the
+// horizon instead: the risk of a value that is too short is in that field's
+// comment and in docs/operations.md ("Secured Kafka").
+//
 // # Lag
 //
 // Source.Collector exports idemq_consumer_lag_messages{topic, partition,

@@ -452,6 +452,9 @@ func (s *Source) Close() error {
 	}
 	s.cancel()
 	s.wg.Wait()
+	if t, ok := s.admin.(*kafka.Transport); ok {
+		t.CloseIdleConnections() // the horizon check's connections
+	}
 	return err
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/idemq/idemq/broker/kafkasec"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/wire"
@@ -49,6 +50,18 @@ type Config struct {
 	// Logger receives a warning for each transient fetch error and an info
 	// line per generation joined and given up. Default slog.Default().
 	Logger *slog.Logger
+	// RedeliveryHorizon, when set, is what Source.RedeliveryHorizon returns
+	// without asking the broker: the operator's statement of how far back
+	// the consumed topics can be replayed (their largest retention.ms). Set
+	// it when the principal lacks the DescribeConfigs ACL on the topics
+	// (the check then fails with ErrHorizonCheckDenied). Risk: a value
+	// shorter than a topic's real retention.ms lets consumer.Run start with
+	// a record retention that does not cover it, so a message replayed
+	// after its record expired (an offset reset, a new group) is processed
+	// again. Default 0: ask the broker (DescribeConfigs). Must not be
+	// negative; there is no way to state an unbounded horizon here (leave
+	// it 0 and grant the ACL).
+	RedeliveryHorizon time.Duration
 }
 
 // Source is a consumer.Source over a kafka-go consumer group, fenced by
@@ -65,6 +78,8 @@ type Source struct {
 	hdr       string
 	retryMax  time.Duration
 	log       *slog.Logger
+	horizon   time.Duration      // Config.RedeliveryHorizon
+	admin     kafka.RoundTripper // rc.Dialer's TLS/SASL, for the admin requests
 	// fetch returns the next message read for a claim, or an error of a
 	// partition reader or of the group; s.receive, replaced in tests.
 	fetch func(context.Context) (kafka.Message, *claim, error)
@@ -109,6 +124,8 @@ func NewSource(cfg Config) (*Source, error) {
 		return nil, fmt.Errorf("%w: Reader.Partition cannot be used with a consumer group", ErrInvalidConfig)
 	case cfg.FetchRetryMax < 0:
 		return nil, fmt.Errorf("%w: FetchRetryMax %s must not be negative", ErrInvalidConfig, cfg.FetchRetryMax)
+	case cfg.RedeliveryHorizon < 0:
+		return nil, fmt.Errorf("%w: RedeliveryHorizon %s must not be negative (0: ask the broker)", ErrInvalidConfig, cfg.RedeliveryHorizon)
 	}
 	if err := rc.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: Reader: %v", ErrInvalidConfig, err)
@@ -123,6 +140,7 @@ func NewSource(cfg Config) (*Source, error) {
 	}
 	s := &Source{rc: rc, cgc: cgc, flushWait: min(check.SessionTimeout, check.RebalanceTimeout) / 3, hdr: cmp.Or(cfg.MessageIDHeader, wire.MessageIDHeader),
 		retryMax: cmp.Or(cfg.FetchRetryMax, 30*time.Second), log: cfg.Logger,
+		horizon: cfg.RedeliveryHorizon, admin: kafkasec.TransportFromDialer(rc.Dialer),
 		msgs: make(chan fetched), owned: map[topicPartition]*claim{}, completed: map[topicPartition]int64{},
 		readers: map[*claim]*kafka.Reader{}, genID: -1}
 	if s.log == nil {
@@ -142,12 +160,20 @@ func topics(rc kafka.ReaderConfig) []string {
 	return []string{rc.Topic}
 }
 
-// RedeliveryHorizon implements consumer.HorizonReporter: the largest
-// retention.ms of the consumed topics (0 when one is unbounded, -1).
+// RedeliveryHorizon implements consumer.HorizonReporter: Config.RedeliveryHorizon
+// when set, without a request; else the largest retention.ms of the
+// consumed topics (0 when one is unbounded, -1), asked with DescribeConfigs
+// (TopicRetentionWith) through the Reader's Dialer (its TLS and SASL
+// settings; kafkasec.TransportFromDialer). When the broker refuses that
+// request for authorization, the error wraps ErrHorizonCheckDenied and
+// names the DescribeConfigs ACL and Config.RedeliveryHorizon.
 func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
+	if s.horizon > 0 {
+		return s.horizon, nil
+	}
 	var horizon time.Duration
 	for _, t := range topics(s.rc) {
-		d, err := TopicRetention(ctx, s.rc.Brokers, t)
+		d, err := TopicRetentionWith(ctx, s.admin, s.rc.Brokers, t)
 		if err != nil {
 			return 0, err
 		}
@@ -175,7 +201,9 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
 // error when ctx ends, io.EOF once the Source is closed, and at once a Kafka
 // error a retry cannot fix (authorization, authentication, unsupported
 // version, invalid group, topic or session timeout) or an error that is
-// neither a Kafka error nor a network error.
+// neither a Kafka error nor a network error; a refused SASL login or a TLS
+// failure is wrapped by kafkasec.Explain (kafkasec.ErrAuthentication,
+// kafkasec.ErrSecurityMismatch).
 func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
 	if err := s.start(); err != nil {
 		return consumer.Delivery{}, err
@@ -196,6 +224,9 @@ func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
 			continue // an error of a partition reader that was stopped
 		}
 		if !fetchRetriable(err) {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
+				err = kafkasec.Explain(err) // a refused login, a TLS mismatch: say so
+			}
 			return consumer.Delivery{}, err
 		}
 		if b == nil {

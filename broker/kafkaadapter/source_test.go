@@ -7,9 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/broker/kafkasec"
 	"github.com/idemq/idemq/wire"
 	"github.com/segmentio/kafka-go"
 )
@@ -123,5 +125,47 @@ func TestFetchStopsRetryingWhenContextEnds(t *testing.T) {
 	}
 	if *calls < 2 || *calls >= 1000 {
 		t.Fatalf("FetchMessage calls = %d, want some retries, then a stop", *calls)
+	}
+}
+
+// An explicit Config.RedeliveryHorizon is returned without asking the
+// broker (there is none at this address); a negative one is refused.
+func TestRedeliveryHorizonConfigured(t *testing.T) {
+	rc := kafka.ReaderConfig{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topic: "t"}
+	s, err := NewSource(Config{Reader: rc, RedeliveryHorizon: 36 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if h, err := s.RedeliveryHorizon(ctx); h != 36*time.Hour || err != nil {
+		t.Fatalf("RedeliveryHorizon = %s, %v; want 36h, nil", h, err)
+	}
+	_, err = NewSource(Config{Reader: rc, RedeliveryHorizon: -time.Minute})
+	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "RedeliveryHorizon") {
+		t.Fatalf("negative RedeliveryHorizon: %v, want ErrInvalidConfig naming it", err)
+	}
+}
+
+// The horizon check's requests go through the Reader's Dialer: its TLS
+// config and SASL mechanism.
+func TestHorizonCheckUsesReaderDialer(t *testing.T) {
+	sec := kafkasec.Config{TLS: kafkasec.TLS{Enabled: true}, SASL: kafkasec.SASL{Mechanism: kafkasec.ScramSHA512, Username: "u", Password: "p"}}
+	d, err := sec.Dialer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSource(Config{Reader: kafka.ReaderConfig{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topic: "t", Dialer: d}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tr, ok := s.admin.(*kafka.Transport)
+	if !ok || tr.TLS != d.TLS || tr.SASL != d.SASLMechanism {
+		t.Fatalf("admin transport %#v does not carry the Dialer's TLS and SASL", s.admin)
+	}
+	if s, _ := NewSource(Config{Reader: kafka.ReaderConfig{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topic: "t"}}); s.admin != nil {
+		t.Fatalf("no Dialer: admin transport %#v, want nil (kafka.DefaultTransport)", s.admin)
 	}
 }

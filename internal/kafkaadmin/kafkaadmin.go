@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemq/idemq/broker/kafkasec"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -19,23 +20,25 @@ import (
 // CreateTopics a broker can already list itself as leader in its metadata
 // while it still answers produce requests with NOT_LEADER_OR_FOLLOWER.)
 // It returns an error naming the last problem seen when a topic cannot be
-// created or is not ready in time, or ctx's error.
-func EnsureTopics(ctx context.Context, brokers []string, partitions int, topics ...string) error {
+// created or is not ready in time, or ctx's error. rt carries the TLS/SASL
+// settings (nil: kafka.DefaultTransport, PLAINTEXT); a refused login or a
+// security-protocol mismatch is explained by kafkasec.ExplainWith.
+func EnsureTopics(ctx context.Context, rt kafka.RoundTripper, brokers []string, partitions int, topics ...string) error {
 	if len(brokers) == 0 || partitions < 1 {
 		return errors.New("idemq/kafka: EnsureTopics needs brokers and partitions >= 1")
 	}
-	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: rt}
 	req := &kafka.CreateTopicsRequest{}
 	for _, t := range topics {
 		req.Topics = append(req.Topics, kafka.TopicConfig{Topic: t, NumPartitions: partitions, ReplicationFactor: 1})
 	}
 	resp, err := cl.CreateTopics(ctx, req)
 	if err != nil {
-		return fmt.Errorf("idemq/kafka: create topics: %w", err)
+		return fmt.Errorf("idemq/kafka: create topics: %w", kafkasec.ExplainWith(ctx, rt, brokers, err))
 	}
 	for t, terr := range resp.Errors {
 		if terr != nil && !errors.Is(terr, kafka.TopicAlreadyExists) {
-			return fmt.Errorf("idemq/kafka: create topic %s: %w", t, terr)
+			return fmt.Errorf("idemq/kafka: create topic %s: %w", t, kafkasec.Explain(terr))
 		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
@@ -45,7 +48,7 @@ func EnsureTopics(ctx context.Context, brokers []string, partitions int, topics 
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("idemq/kafka: topics %v not ready after 30s: %w", topics, err)
+			return fmt.Errorf("idemq/kafka: topics %v not ready after 30s: %w", topics, kafkasec.ExplainWith(ctx, rt, brokers, err))
 		}
 		select {
 		case <-ctx.Done():

@@ -34,9 +34,21 @@
 // refused or reset, timeouts, LeaderNotAvailable, NotLeaderForPartition,
 // NotEnoughReplicas, BrokerNotAvailable, KafkaStorageError, throttling)
 // satisfies outbox.IsUnavailable: the relay pauses publishing and counts no
-// attempt. Errors about the row (ErrTooLarge, MessageSizeTooLarge,
+// attempt. So does a refused SASL login or a TLS/SASL mismatch with the
+// listener (kafkasec.ErrAuthentication, kafkasec.ErrSecurityMismatch): the
+// Publisher's Config.Transport is to blame, not a row, so the rows wait
+// until an operator fixes it. Errors about the row (ErrTooLarge, MessageSizeTooLarge,
 // InvalidTopic, UnknownTopicOrPartition, TopicAuthorizationFailed) are not
 // wrapped: they count toward RelayConfig.MaxAttempts and park the row.
+//
+// # Secured brokers
+//
+// Config.Transport carries TLS and SASL (PLAIN, SCRAM-SHA-256/512): build it
+// with broker/kafkasec (kafkasec.Config.Transport). Every connection of the
+// Publisher goes through it: produce requests, the partition lookups
+// (metadata) and the topic creation of Config.CreateTopics. The relay's
+// principal needs Write and Describe on its topics, plus Create (topic or
+// cluster) with CreateTopics; see docs/operations.md, "Secured Kafka".
 //
 // # Message ID
 //

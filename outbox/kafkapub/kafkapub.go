@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemq/idemq/broker/kafkasec"
 	"github.com/idemq/idemq/internal/kafkaadmin"
 	"github.com/idemq/idemq/outbox"
 	"github.com/segmentio/kafka-go"
@@ -18,7 +19,15 @@ import (
 type Config struct {
 	// Brokers are the bootstrap addresses ("host:port"). Required.
 	Brokers []string
-	// Transport carries TLS and SASL settings. Default kafka.DefaultTransport.
+	// Transport carries the TLS and SASL settings of every connection the
+	// Publisher makes: produce requests, the metadata (partition) lookups
+	// and, with CreateTopics, topic creation. Build it with
+	// kafkasec.Config.Transport (a nil interface when PLAINTEXT). Default
+	// kafka.DefaultTransport (PLAINTEXT). The principal needs the Write and
+	// Describe ACLs on the topics (and Create on them, or on the cluster,
+	// with CreateTopics). A refused login or a security-protocol mismatch
+	// fails with an error wrapping kafkasec.ErrAuthentication or
+	// kafkasec.ErrSecurityMismatch.
 	Transport kafka.RoundTripper
 	// Balancer maps keys to partitions. Default kafka.Murmur2Balancer{}
 	// (Java-compatible; rows without a key go to a random partition). It
@@ -302,7 +311,7 @@ func (p *Publisher) produce(ctx context.Context, k tp, send []pos) error {
 	}
 	if err != nil {
 		p.forget(k.topic)
-		return classify(fmt.Errorf("idemq/kafkapub: produce %s/%d: %w", k.topic, k.partition, err))
+		return classify(fmt.Errorf("idemq/kafkapub: produce %s/%d: %w", k.topic, k.partition, kafkasec.Explain(err)))
 	}
 	return nil
 }
@@ -315,13 +324,13 @@ func (p *Publisher) partitions(ctx context.Context, topic string) ([]int, error)
 		return tp.ids, nil
 	}
 	if p.cfg.CreateTopics && !ok {
-		if err := kafkaadmin.EnsureTopics(ctx, p.cfg.Brokers, p.cfg.TopicPartitions, topic); err != nil {
+		if err := kafkaadmin.EnsureTopics(ctx, p.cfg.Transport, p.cfg.Brokers, p.cfg.TopicPartitions, topic); err != nil {
 			return nil, classify(err)
 		}
 	}
 	md, err := p.cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
-		return nil, classify(fmt.Errorf("idemq/kafkapub: metadata of %s: %w", topic, err))
+		return nil, classify(fmt.Errorf("idemq/kafkapub: metadata of %s: %w", topic, kafkasec.Explain(err)))
 	}
 	var ids []int
 	for _, t := range md.Topics {

@@ -3,6 +3,7 @@ package kafkapub
 import (
 	"errors"
 
+	"github.com/idemq/idemq/broker/kafkasec"
 	"github.com/idemq/idemq/outbox"
 	"github.com/segmentio/kafka-go"
 )
@@ -33,12 +34,16 @@ var unavailableCodes = map[kafka.Error]bool{
 }
 
 // classify wraps err with outbox.Unavailable when it is a Kafka error code
-// of unavailableCodes; transport errors (connection refused, I/O timeouts,
-// the publish's deadline) need no wrapping: outbox.IsUnavailable knows
-// them.
+// of unavailableCodes, or a refused SASL login or security-protocol
+// mismatch (kafkasec.ErrAuthentication, kafkasec.ErrSecurityMismatch, as
+// kafkasec.Explain marks them: the Publisher's settings are wrong, not a
+// row, so no row may be parked for it); transport errors (connection
+// refused, I/O timeouts, the publish's deadline) need no wrapping:
+// outbox.IsUnavailable knows them.
 func classify(err error) error {
 	var code kafka.Error
-	if errors.As(err, &code) && unavailableCodes[code] {
+	if errors.As(err, &code) && unavailableCodes[code] ||
+		errors.Is(err, kafkasec.ErrAuthentication) || errors.Is(err, kafkasec.ErrSecurityMismatch) {
 		return outbox.Unavailable(err)
 	}
 	return err

@@ -1,9 +1,11 @@
 package kafkapub
 
 import (
+	"crypto/tls"
 	"fmt"
 	"testing"
 
+	"github.com/idemq/idemq/broker/kafkasec"
 	"github.com/idemq/idemq/outbox"
 	"github.com/segmentio/kafka-go"
 )
@@ -30,5 +32,19 @@ func TestClassify(t *testing.T) {
 	}
 	if outbox.IsUnavailable(classify(fmt.Errorf("%w: 2000000 bytes", ErrTooLarge))) {
 		t.Error("ErrTooLarge classified as unavailable")
+	}
+}
+
+// A refused SASL login or a TLS/SASL mismatch is the Publisher's settings'
+// fault, not a row's: the relay must pause, not park rows.
+func TestClassifySecurityErrors(t *testing.T) {
+	for _, err := range []error{
+		kafkasec.Explain(fmt.Errorf("metadata: %w", kafka.SASLAuthenticationFailed)),
+		kafkasec.Explain(kafka.UnsupportedSASLMechanism),
+		kafkasec.Explain(tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}),
+	} {
+		if !outbox.IsUnavailable(classify(err)) {
+			t.Errorf("%v: classified as a row error (rows would be parked)", err)
+		}
 	}
 }
