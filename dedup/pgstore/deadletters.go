@@ -9,7 +9,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/outbox"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -247,13 +246,26 @@ type RepublishOptions struct {
 	// derived ID dedup.RedriveAsNewID(message ID, dead letter ID), so it is
 	// processed as a message of its own.
 	NewMessageID bool
-	// Outbox is the outbox whose table receives the row; it must be in the
-	// Store's database (the row is written in the Store's transaction).
-	// Required.
-	Outbox *outbox.Outbox
+	// Outbox is the outbox whose table receives the row: an *outbox.Outbox
+	// (it implements RepublishOutbox) in the Store's database, since the row
+	// is written in the Store's transaction. Required.
+	Outbox RepublishOutbox
 	// Operator names who asked, for the audit row: at most 255 bytes of
 	// UTF-8 without NUL. Default "" (unknown).
 	Operator string
+}
+
+// RepublishOutbox is where RepublishDeadLetter writes its row:
+// *outbox.Outbox implements it (Outbox.QualifiedTable, Outbox.AddRedrive).
+// It is an interface so that the dedup packages import no outbox code.
+type RepublishOutbox interface {
+	// QualifiedTable is the outbox table's quoted, schema-qualified name: it
+	// names the destination in the republish audit row.
+	QualifiedTable() string
+	// AddRedrive inserts m as an outbox row in tx under m.MessageID (the
+	// outbox's own message-ID and causation headers dropped from
+	// m.Headers) and returns the row's ID.
+	AddRedrive(ctx context.Context, tx pgx.Tx, m dedup.RedriveMessage) (string, error)
 }
 
 // RepublishResult says what RepublishDeadLetter did.
@@ -297,11 +309,10 @@ func (s *Store) RepublishDeadLetter(ctx context.Context, id int64, o RepublishOp
 	if err := (dedup.RedriveOptions{Operator: o.Operator}).Validate(); err != nil {
 		return res, fmt.Errorf("%w: RepublishOptions.Operator must be at most %d bytes of UTF-8 without NUL", dedup.ErrInvalidConfig, dedup.MaxKeyBytes)
 	}
-	if o.Topic != "" && (len(o.Topic) > outbox.MaxTopicBytes || !utf8.ValidString(o.Topic) || strings.IndexByte(o.Topic, 0) >= 0) {
-		return res, fmt.Errorf("%w: RepublishOptions.Topic must be 1 to %d bytes of UTF-8 without NUL", dedup.ErrInvalidConfig, outbox.MaxTopicBytes)
+	if o.Topic != "" && (len(o.Topic) > dedup.MaxKeyBytes || !utf8.ValidString(o.Topic) || strings.IndexByte(o.Topic, 0) >= 0) {
+		return res, fmt.Errorf("%w: RepublishOptions.Topic must be 1 to %d bytes of UTF-8 without NUL", dedup.ErrInvalidConfig, dedup.MaxKeyBytes)
 	}
-	ocfg := o.Outbox.Config()
-	outboxTable := pgx.Identifier{ocfg.Schema, ocfg.Table}.Sanitize()
+	outboxTable := o.Outbox.QualifiedTable()
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var d dedup.DeadLetter
 		err := tx.QueryRow(ctx, s.q.deadLetterShareSQL, id).
@@ -337,18 +348,12 @@ func (s *Store) RepublishDeadLetter(ctx context.Context, id int64, o RepublishOp
 		if err != nil {
 			return fmt.Errorf("idemq: republish dead letter %d: audit: %w", id, err)
 		}
-		headers := make(map[string]string, len(d.Headers))
-		for k, v := range d.Headers {
-			if k == ocfg.MessageIDHeader || (k == ocfg.CausationHeader && !ocfg.DisableCausation) {
-				continue
-			}
-			headers[k] = v
-		}
-		rowID, err := o.Outbox.Add(ctx, tx, outbox.Message{Topic: topic, Key: d.Key, Headers: headers, Payload: d.Payload, MessageID: res.MessageID})
+		rowID, err := o.Outbox.AddRedrive(ctx, tx, dedup.RedriveMessage{MessageID: res.MessageID, Topic: topic, Key: d.Key,
+			Headers: d.Headers, Payload: d.Payload, DeadLetterID: d.ID})
 		if err != nil {
 			return fmt.Errorf("idemq: republish dead letter %d: %w", id, err)
 		}
-		res.OutboxID = rowID.String()
+		res.OutboxID = rowID
 		if _, err := tx.Exec(ctx, s.q.republishSetOutboxSQL, auditID, res.OutboxID); err != nil {
 			return fmt.Errorf("idemq: republish dead letter %d: audit: %w", id, err)
 		}
