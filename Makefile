@@ -106,7 +106,7 @@ bench-go: services-up ## the go test benchmarks of the integration module: dedup
 	  $(GO) test -run '^$$' -bench RelayThroughput -benchtime 3x -count 1 .
 
 # Not part of `make test`: BenchmarkPurgeAtScale (integration/purge_scale_bench_test.go) loads PURGE_ROWS
-# consumption records (default 10,000,000; 29 minutes on 2 busy cores, 22 of them loading; about 4 GB in its own schema,
+# consumption records (default 10,000,000; about 30 minutes on 2 busy cores, 22 of them loading; about 4 GB in its own schema,
 # dropped at the end), then measures batched ingest alone and while the maintenance loop purges the
 # expired backlog. PURGE_ROWS=200000 checks the benchmark itself in about a minute. PURGE_LANES,
 # PURGE_BATCH and PURGE_WINDOW change the ingest lanes (4), the purge's Batch (1000) and the window

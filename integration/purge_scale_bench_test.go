@@ -65,7 +65,7 @@ import (
 // MaintenanceMetrics has no backlog-age metric; the age of the oldest
 // expired record is read with SQL. The schema is dropped at the end.
 //
-//	make bench-purge                      (10 M rows: 29 minutes on 2 busy cores)
+//	make bench-purge                      (10 M rows: about 30 minutes on 2 busy cores)
 //	PURGE_ROWS=200000 make bench-purge    (a quick check of the benchmark itself)
 func BenchmarkPurgeAtScale(b *testing.B) {
 	rows := scaleEnvInt(b, "IDEMQ_PURGE_SCALE_ROWS", 10_000_000, 10_000)
