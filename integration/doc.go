@@ -144,7 +144,9 @@
 // unexpired and non-terminal records (pgstore: TestSQLPurge), and
 // BenchmarkPurgeUnderIngest measures a purge of a million records under a
 // steady ingest for each index layout (docs/operations.md, "Purge cost and
-// indexes"). Maintenance: two RunMaintenance loops elect one leader by
+// indexes"); BenchmarkPurgeAtScale (`make bench-purge`) loads 10 million
+// records and measures the maintenance loop's purge against batched ingest
+// at full speed (docs/operations.md, "Sizing the purge"). Maintenance: two RunMaintenance loops elect one leader by
 // advisory lock and the other takes over when the leader's connection is
 // killed (pgstore: TestMaintenanceLeaderElectionAndTakeover); old dead
 // letters are purged in bounded steps, keeping young ones and unpublished
