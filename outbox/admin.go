@@ -209,6 +209,14 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 // deleted. Concurrent purges skip each other's rows. The relay calls it on
 // its own (RelayConfig.Retention).
 func (o *Outbox) Purge(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
+	return o.PurgeWithProgress(ctx, olderThan, batch, nil)
+}
+
+// PurgeWithProgress is Purge calling progress (when not nil) after each
+// statement that deleted rows, with the rows deleted so far (`idemq outbox
+// purge` prints it). When ctx ends, the statement in flight rolls back, so
+// the count returned is exactly what left the table.
+func (o *Outbox) PurgeWithProgress(ctx context.Context, olderThan time.Duration, batch int, progress func(deleted int64)) (int64, error) {
 	if o.pool == nil {
 		return 0, ErrNoPool
 	}
@@ -222,6 +230,9 @@ func (o *Outbox) Purge(ctx context.Context, olderThan time.Duration, batch int) 
 			return total, fmt.Errorf("idemq/outbox: purge: %w", err)
 		}
 		total += tag.RowsAffected()
+		if progress != nil && tag.RowsAffected() > 0 {
+			progress(total)
+		}
 		if tag.RowsAffected() < int64(batch) || ctx.Err() != nil {
 			return total, nil
 		}
