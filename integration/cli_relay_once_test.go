@@ -20,8 +20,8 @@ func TestCLIRelayOnceDrains(t *testing.T) {
 	want := o.addRows(t, topic, 1200, 7, "once") // more than one batch of 500
 	run := func() string {
 		t.Helper()
-		out, err := exec.Command(bin, "relay", "-once", "-dsn", postgresDSN(t), "-schema", o.schema,
-			"-kafka-brokers", strings.Join(kafkaBrokers(t), ","), "-name", "cron-relay").CombinedOutput()
+		out, err := exec.Command(bin, "relay", "--once", "--dsn", postgresDSN(t), "--schema", o.schema,
+			"--kafka-brokers", strings.Join(kafkaBrokers(t), ","), "--name", "cron-relay").CombinedOutput()
 		if err != nil {
 			t.Fatalf("idemq relay -once: %v\n%s", err, out)
 		}
