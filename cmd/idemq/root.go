@@ -144,6 +144,14 @@ flags, wrong arguments); nothing is done on a usage error.`,
 			if err := a.applyEnv(cmd); err != nil {
 				return err
 			}
+			// cobra checks flag groups after this hook: check them here so
+			// that their errors are usage errors too.
+			if err := cmd.ValidateRequiredFlags(); err != nil {
+				return usageError{err}
+			}
+			if err := cmd.ValidateFlagGroups(); err != nil {
+				return usageError{err}
+			}
 			a.started = true
 			return nil
 		},
