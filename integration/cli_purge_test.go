@@ -67,8 +67,8 @@ func TestCLIPurgeProgressAndInterrupt(t *testing.T) {
 	}
 }
 
-// idemq purge -dead-letters deletes the dead letters older than
-// -older-than and keeps the younger ones.
+// idemq purge --dead-letters deletes the dead letters older than
+// --older-than and keeps the younger ones.
 func TestCLIPurgeDeadLetters(t *testing.T) {
 	t.Parallel()
 	bin := buildExample(t, "github.com/idemq/idemq/cmd/idemq")

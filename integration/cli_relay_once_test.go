@@ -8,7 +8,7 @@ import (
 	"github.com/idemq/idemq/wire"
 )
 
-// `idemq relay -once` drains the outbox and exits: every committed row is on
+// `idemq relay --once` drains the outbox and exits: every committed row is on
 // the topic with its message ID, every row is marked published, and the
 // command prints the totals. A second run finds nothing and publishes
 // nothing.
@@ -23,7 +23,7 @@ func TestCLIRelayOnceDrains(t *testing.T) {
 		out, err := exec.Command(bin, "relay", "--once", "--dsn", postgresDSN(t), "--schema", o.schema,
 			"--kafka-brokers", strings.Join(kafkaBrokers(t), ","), "--name", "cron-relay").CombinedOutput()
 		if err != nil {
-			t.Fatalf("idemq relay -once: %v\n%s", err, out)
+			t.Fatalf("idemq relay --once: %v\n%s", err, out)
 		}
 		return string(out)
 	}

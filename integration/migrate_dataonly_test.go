@@ -162,7 +162,7 @@ func TestMigrateWithDataOnlyRole(t *testing.T) {
 		t.Fatalf("CheckSchema on an outdated schema: %v", err)
 	}
 	if out, err := exec.Command(bin, "migrate", "--check", "--dsn", dataDSN, "--schema", e.schema).CombinedOutput(); err == nil || !strings.Contains(string(out), "outdated") {
-		t.Fatalf("idemq migrate -check on an outdated schema: %v\n%s", err, out)
+		t.Fatalf("idemq migrate --check on an outdated schema: %v\n%s", err, out)
 	}
 	if err := st.Migrate(e.ctx); err == nil {
 		t.Fatal("Migrate as the data-only role applied a migration: the role has DDL rights after all")
@@ -192,7 +192,7 @@ func TestMigrateWithDataOnlyRole(t *testing.T) {
 	}
 }
 
-// The SQL that `idemq migrate -print` / pgstore.MigrationSQL (and the outbox's)
+// The SQL that `idemq migrate --print` / pgstore.MigrationSQL (and the outbox's)
 // emit, applied block by block as a migration tool would, gives the same
 // tables, columns and indexes as Migrate, passes CheckSchema, and Migrate
 // then has nothing to do.
@@ -216,11 +216,11 @@ func TestMigrationSQLMatchesMigrate(t *testing.T) {
 	bin := buildExample(t, "github.com/idemq/idemq/cmd/idemq")
 	out, err := exec.Command(bin, "migrate", "--print", "--schema", schema).Output() // no -dsn: it needs no database
 	if err != nil {
-		t.Fatalf("idemq migrate -print: %v", err)
+		t.Fatalf("idemq migrate --print: %v", err)
 	}
 	recordsSQL, err := pgstore.MigrationSQL(pgstore.Config{Schema: schema})
 	if err != nil || string(out) != recordsSQL {
-		t.Fatalf("idemq migrate -print differs from pgstore.MigrationSQL (%v)", err)
+		t.Fatalf("idemq migrate --print differs from pgstore.MigrationSQL (%v)", err)
 	}
 	outboxSQL, err := outbox.MigrationSQL(outbox.Config{Schema: schema, Table: "ob"})
 	if err != nil {

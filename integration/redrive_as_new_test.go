@@ -49,7 +49,7 @@ type redriveAdmin interface {
 
 // S20's sibling, issue 8 item 7: two different messages share a message ID
 // (a client-side ID generator collision). The second is dead-lettered as
-// message_id_collision; `idemq redrive -as-new -id N` (the real CLI binary)
+// message_id_collision; `idemq redrive --as-new --id N` (the real CLI binary)
 // publishes it to Kafka under <message ID>#redrive-N, and the running
 // consumer processes it once under that identity. Both records exist, the
 // audit row exists, a second -as-new of the same dead letter publishes
@@ -293,7 +293,7 @@ func TestRedriveAsNewPublishFailsThenRepeats(t *testing.T) {
 }
 
 // The same on RocketMQ: a message-ID collision (two messages sent with one
-// message-id property) is re-driven with `idemq redrive -as-new -broker
+// message-id property) is re-driven with `idemq redrive --as-new --broker
 // rocketmq`; the push consumer processes it once under the derived ID, with
 // its own Keys as business key, and the record it collided with stays.
 func TestRocketMQRedriveAsNewCLI(t *testing.T) {
