@@ -202,7 +202,7 @@ func TestRedactedDSN(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := redactedDSN(cfg); got != "postgres://ops:xxxxx@127.0.0.1:1/idemq" {
+	if got := redactedDSN(cfg); got != "postgres://ops:xxxxx@127.0.0.1:1/idemq" { //nolint:gosec // the redacted form, no credential
 		t.Fatalf("redactedDSN = %q", got)
 	}
 	if got := a.redact("failed: " + testDSN); strings.Contains(got, testPassword) {
@@ -408,7 +408,7 @@ func TestDeadLettersList(t *testing.T) {
 // dead-letter tooling).
 type legacyDL struct{ dls []dedup.DeadLetter }
 
-func (l legacyDL) DeadLetters(_ context.Context, scope string, afterID int64, limit int) ([]dedup.DeadLetter, error) {
+func (l legacyDL) DeadLetters(context.Context, string, int64, int) ([]dedup.DeadLetter, error) {
 	return l.dls, nil
 }
 

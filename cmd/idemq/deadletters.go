@@ -137,7 +137,8 @@ func (ff *filterFlags) register(cmd *cobra.Command, f *storeFlags, withCursor bo
 }
 
 // reasons are the dead-letter reasons --reason accepts.
-var reasons = []string{dedup.ReasonMessageIDCollision, dedup.ReasonPayloadConflict, dedup.ReasonFingerprintConflict,
+var reasons = []string{dedup.ReasonMessageIDCollision, dedup.ReasonPayloadConflict,
+	dedup.ReasonFingerprintConflict, //nolint:staticcheck // still selects dead letters written before the split
 	dedup.ReasonPermanentError, dedup.ReasonAttemptsExhausted, dedup.ReasonBadInput}
 
 // parseWhen reads T: RFC 3339, or a duration ago from now.
@@ -442,7 +443,7 @@ and whose stdout is shown (e.g. 'protoc --decode=Order order.proto').`,
 
 // runDecoder pipes payload to sh -c command and returns its stdout.
 func runDecoder(ctx context.Context, command string, payload []byte, stderr io.Writer) (string, error) {
-	c := exec.CommandContext(ctx, "sh", "-c", command)
+	c := exec.CommandContext(ctx, "sh", "-c", command) //nolint:gosec // the operator's own --decode-cmd, run as the operator
 	c.Stdin = bytes.NewReader(payload)
 	c.Stderr = stderr
 	outb, err := c.Output()
@@ -552,7 +553,7 @@ func (a *app) exportWriter(file string) (io.Writer, func() error, error) {
 	if file == "-" || file == "" {
 		return a.stdout, func() error { return nil }, nil
 	}
-	fh, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	fh, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600) //nolint:gosec // the operator's own --file
 	if err != nil {
 		return nil, nil, err
 	}
@@ -806,7 +807,7 @@ Interrupted, it reports how many it deleted and exits 1.`,
 			default:
 				return errNoDeadLetterAPI("PurgeDeadLetters")
 			}
-			return a.purgeDone(out, "dead-letters purge", what, n, p, ctx, err)
+			return a.purgeDone(ctx, out, "dead-letters purge", what, n, p, err)
 		},
 	}
 	f.register(cmd, true)

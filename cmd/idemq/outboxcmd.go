@@ -319,7 +319,7 @@ statement in flight rolls back) and exits 1.`,
 			if err == nil && ctx.Err() != nil {
 				err = ctx.Err()
 			}
-			return a.purgeDone(out, "outbox purge", fmt.Sprintf("published rows older than %s", olderThan), n, p, ctx, err)
+			return a.purgeDone(ctx, out, "outbox purge", fmt.Sprintf("published rows older than %s", olderThan), n, p, err)
 		},
 	}
 	fs := cmd.Flags()

@@ -288,7 +288,7 @@ message ID "<message ID>#redrive-<N>" to --broker (a payload conflict needs
 	f.register(cmd, true)
 	sf.register(cmd)
 	cmd.Flags().StringVar(&msgID, "message-id", "", "message ID (an HTTP request's Idempotency-Key) of the FAILED_FINAL record (not with --as-new)")
-	an.register(cmd, a)
+	an.register(cmd)
 	return cmd
 }
 
@@ -341,7 +341,7 @@ store expires its records itself.`,
 			} else {
 				n, err = st.PurgeRecords(ctx, o)
 			}
-			return a.purgeDone(out, "purge", what, n, p, ctx, err)
+			return a.purgeDone(ctx, out, "purge", what, n, p, err)
 		},
 	}
 	f.register(cmd, false)
@@ -363,7 +363,7 @@ type purgeResult struct {
 
 // purgeDone reports a purge: the summary on stdout, or, when it failed or
 // was interrupted, what it deleted before in the error (exit 1).
-func (a *app) purgeDone(out outputFormat, verb, what string, n int64, p *progress, ctx context.Context, err error) error {
+func (a *app) purgeDone(ctx context.Context, out outputFormat, verb, what string, n int64, p *progress, err error) error {
 	if err != nil {
 		if ctx.Err() != nil || errors.Is(err, context.Canceled) { // SIGINT/SIGTERM: the statement in flight rolled back
 			return fmt.Errorf("%s interrupted: %d %s deleted before it stopped (%s)", verb, n, what, p.rate(n))

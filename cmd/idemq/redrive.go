@@ -27,7 +27,7 @@ type asNewFlags struct {
 	cmd          *cobra.Command
 }
 
-func (an *asNewFlags) register(cmd *cobra.Command, a *app) {
+func (an *asNewFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	an.cmd = cmd
 	fs.BoolVar(&an.asNew, "as-new", false, "re-drive the conflict's dead letter --id as a new message: publish it under the message ID <message ID>#redrive-<id>")
