@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -278,5 +280,57 @@ func TestCLIRelayMetricsEndpoints(t *testing.T) {
 		if !json.Valid([]byte(l)) {
 			t.Fatalf("a log line is not JSON: %q", l)
 		}
+	}
+}
+
+// outbox purge shows its progress on stderr and, interrupted by SIGINT,
+// reports how many rows it deleted (exactly what left the table) and exits
+// 1.
+func TestCLIOutboxPurgeInterrupt(t *testing.T) {
+	t.Parallel()
+	bin := buildExample(t, "github.com/idemq/idemq/cmd/idemq")
+	o := setupOutbox(t)
+	const total = 20000
+	tbl := o.table("outbox")
+	o.exec(`insert into `+tbl+` (id, topic, payload, created_at, published_at, published_by)
+		select gen_random_uuid(), 'cli-purge', '\x00', now() - interval '3 days', now() - interval '2 days', 'old'
+		from generate_series(1, $1::int)`, total)
+	cmd := exec.Command(bin, "outbox", "purge", "--dsn", postgresDSN(t), "--schema", o.schema, "--batch", "1", "--progress", "0")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stderr)
+	var lines []string
+	progress := regexp.MustCompile(`^purge: (\d+) rows deleted, \d+ rows/s`)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if m := progress.FindStringSubmatch(sc.Text()); m != nil {
+			if n, _ := strconv.Atoi(m[1]); n >= 10 {
+				break
+			}
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	var exit *exec.ExitError
+	if err := cmd.Wait(); !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("outbox purge after SIGINT: %v, want exit 1\n%s", err, strings.Join(lines, "\n"))
+	}
+	m := regexp.MustCompile(`outbox purge interrupted: (\d+) published rows older than 24h0m0s deleted before it stopped`).FindStringSubmatch(lines[len(lines)-1])
+	if m == nil {
+		t.Fatalf("last stderr line %q does not report the count", lines[len(lines)-1])
+	}
+	reported, _ := strconv.Atoi(m[1])
+	left := o.count(`select count(*) from ` + tbl + ` where topic = 'cli-purge'`)
+	if reported < 10 || reported >= total || total-left != reported {
+		t.Fatalf("reported %d deleted, the table lost %d of %d", reported, total-left, total)
 	}
 }

@@ -112,3 +112,33 @@ func TestRelayReady(t *testing.T) {
 		t.Fatalf("Ready after Run: %v", err)
 	}
 }
+
+// PurgeWithProgress reports each statement's running total, and when ctx
+// ends it finishes the statement in flight, stops and returns ctx's error
+// with exactly the rows that left the table.
+func TestPurgeWithProgressStopsExactly(t *testing.T) {
+	ob, ctx := pgOutbox(t)
+	if _, err := ob.pool.Exec(ctx, `insert into `+ob.q.table+` (id, topic, payload, created_at, published_at, published_by)
+		select gen_random_uuid(), 't', '\x00', now() - interval '3 days', now() - interval '2 days', 'old' from generate_series(1, 50)`); err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	var seen []int64
+	n, err := ob.PurgeWithProgress(pctx, 24*time.Hour, 10, func(deleted int64) {
+		seen = append(seen, deleted)
+		if deleted == 20 {
+			cancel()
+		}
+	})
+	var left int64
+	if qerr := ob.pool.QueryRow(ctx, `select count(*) from `+ob.q.table).Scan(&left); qerr != nil {
+		t.Fatal(qerr)
+	}
+	if !errors.Is(err, context.Canceled) || n != 20 || left != 30 || len(seen) != 2 || seen[0] != 10 {
+		t.Fatalf("PurgeWithProgress = %d, %v; progress %v; %d rows left, want 20 deleted and 30 left", n, err, seen, left)
+	}
+	n, err = ob.PurgeWithProgress(ctx, 24*time.Hour, 10, nil)
+	if err != nil || n != 30 {
+		t.Fatalf("second purge = %d, %v; want the 30 left", n, err)
+	}
+}
