@@ -25,7 +25,7 @@ import (
 // The store cannot run the user's handler, so "process" means "make the
 // message come back to the consumer": RedriveAsNew writes the audit row,
 // then calls RedriveAsNewOptions.Publish, which sends the message to the
-// broker (the CLI, `idemq redrive -as-new`, publishes with outbox/kafkapub or
+// broker (the CLI, `idemq redrive --as-new`, publishes with outbox/kafkapub or
 // outbox/rocketmqpub), then stamps the audit row published. Every step is
 // idempotent because the derived ID is a function of the dead letter: a
 // second call for the same dead letter finds the published audit row and

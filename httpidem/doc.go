@@ -172,7 +172,7 @@
 //
 // # Operations
 //
-// HTTP records are consumption records: `idemq inspect -http-tenant T
+// HTTP records are consumption records: `idemq inspect --http-tenant T
 // -http-principal P -http-method M -http-route R -message-id <key>` shows
 // one with its stored response (the scope composed by Scope; the body only
 // with -show-body, never a sealed one: DescribeStoredResponse), `idemq

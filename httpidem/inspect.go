@@ -7,7 +7,7 @@ import (
 
 // ScopePrefix starts the scope of every request the middleware records
 // ("http|", see Scope): list the dead letters of HTTP requests with
-// `idemq dead-letters -scope-prefix 'http|'`
+// `idemq dead-letters --scope-prefix 'http|'`
 // (pgstore.Store.DeadLettersByScopePrefix).
 const ScopePrefix = scopePrefix
 

@@ -44,18 +44,18 @@ type cliInspect struct {
 // inspect names a request by its tenant, principal, method, route and key
 // (the scope composed, escaped, by httpidem.Scope) and shows the stored
 // response's status, sealing, size and canonicalization version, its body
-// only with -show-body and never a sealed one; dead-letters lists an HTTP
+// only with --show-body and never a sealed one; dead-letters lists an HTTP
 // route's conflicts and exhausted keys, or every HTTP scope's
-// (-scope-prefix 'http|'); redrive takes the same flags; purge removes
+// (--scope-prefix 'http|'); redrive takes the same flags; purge removes
 // expired HTTP records and their stored responses go with them (ON DELETE
-// CASCADE: without it the purge fails). Errors exit 1 with a message.
+// CASCADE: without it the purge fails). Usage errors exit 2, runtime errors 1, with a message.
 func TestCLIHTTPScopes(t *testing.T) {
 	t.Parallel()
 	bin := buildExample(t, "github.com/idemq/idemq/cmd/idemq")
 	e := setup(t, func(c *pgstore.Config) { c.MaxAttempts = 2 })
 	idemq := func(args ...string) (stdout, stderr string, code int) {
 		t.Helper()
-		cmd := exec.Command(bin, append(args, "-dsn", postgresDSN(t), "-schema", e.schema)...)
+		cmd := exec.Command(bin, append(args, "--dsn", postgresDSN(t), "--schema", e.schema)...)
 		var o, eb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &o, &eb
 		err := cmd.Run()
@@ -87,7 +87,7 @@ func TestCLIHTTPScopes(t *testing.T) {
 	}
 	const tenant, user, secret = "acme", "a|lice", "tok_SECRET_4242"
 	httpFlags := func(route string) []string {
-		return []string{"-http-tenant", tenant, "-http-principal", user, "-http-method", http.MethodPost, "-http-route", route}
+		return []string{"--http-tenant", tenant, "--http-principal", user, "--http-method", http.MethodPost, "--http-route", route}
 	}
 
 	// The service: four routes behind the middleware on the test's store.
@@ -172,7 +172,7 @@ func TestCLIHTTPScopes(t *testing.T) {
 	// inspect by the request's parts: the escaped scope, the stored response
 	// described, its body withheld.
 	payScope := httpidem.Scope(tenant, user, http.MethodPost, "POST /payments")
-	in := inspect(append(httpFlags("POST /payments"), "-message-id", "K1")...)
+	in := inspect(append(httpFlags("POST /payments"), "--message-id", "K1")...)
 	if in.Scope != payScope || !strings.Contains(in.Scope, "a%7Clice") || in.Status != dedup.StatusSucceeded || in.HTTP == nil || in.HTTP.Response == nil {
 		t.Fatalf("inspect payment: %+v", in)
 	}
@@ -183,7 +183,7 @@ func TestCLIHTTPScopes(t *testing.T) {
 	}
 	// -show-body prints the plain body as the client got it; -scope with the
 	// composed scope names the same record.
-	in = inspect("-scope", payScope, "-message-id", "K1", "-show-body")
+	in = inspect("--scope", payScope, "--message-id", "K1", "--show-body")
 	if in.HTTP == nil || in.HTTP.Response == nil || in.HTTP.Response.Body == nil || *in.HTTP.Response.Body != payBody {
 		t.Fatalf("inspect -show-body: %+v", in.HTTP)
 	}
@@ -192,54 +192,54 @@ func TestCLIHTTPScopes(t *testing.T) {
 	// the prefix of hashed message IDs, is a valid Idempotency-Key).
 	st, _ = post("/payments", "sha256:k2", `{"amount":"20.00"}`)
 	wantStatus("payment with key sha256:k2", st, http.StatusCreated)
-	if in = inspect(append(httpFlags("POST /payments"), "-message-id", "sha256:k2")...); in.MessageID != "sha256:k2" || in.Status != dedup.StatusSucceeded || in.HTTP == nil {
+	if in = inspect(append(httpFlags("POST /payments"), "--message-id", "sha256:k2")...); in.MessageID != "sha256:k2" || in.Status != dedup.StatusSucceeded || in.HTTP == nil {
 		t.Fatalf("inspect sha256:k2: %+v", in)
 	}
 
 	// A sealed response: its key ID, never its body, not even with -show-body.
-	out, errOut, code := idemq(append([]string{"inspect"}, append(httpFlags("POST /cards"), "-message-id", "C1", "-show-body")...)...)
+	out, errOut, code := idemq(append([]string{"inspect"}, append(httpFlags("POST /cards"), "--message-id", "C1", "--show-body")...)...)
 	if code != 0 || strings.Contains(out, secret) || strings.Contains(out, `"body"`) || !strings.Contains(errOut, "sealed (key k-2026)") {
 		t.Fatalf("inspect of a sealed response: exit %d\n%s%s", code, out, errOut)
 	}
-	in = inspect(append(httpFlags("POST /cards"), "-message-id", "C1")...)
+	in = inspect(append(httpFlags("POST /cards"), "--message-id", "C1")...)
 	if r := in.HTTP.Response; r == nil || !r.Sealed || r.KeyID != "k-2026" || r.Status != http.StatusCreated || r.Oversized != nil || r.BodyBytes != nil || r.StoredBytes == 0 {
 		t.Fatalf("inspect sealed: %+v", in.HTTP.Response)
 	}
 
 	// An oversized response: status and resource ID, no body to show.
-	in = inspect(append(httpFlags("POST /reports"), "-message-id", "R1", "-show-body")...)
+	in = inspect(append(httpFlags("POST /reports"), "--message-id", "R1", "--show-body")...)
 	if r := in.HTTP.Response; r == nil || r.Oversized == nil || !*r.Oversized || r.ResourceID != "rep_1" || r.Body != nil || r.BodyBytes != nil || r.Sealed {
 		t.Fatalf("inspect oversized: %+v", in.HTTP.Response)
 	}
 
 	// A retryable failure: unfinished, no response stored. The next attempt
 	// exhausts MaxAttempts (2): FAILED_FINAL with a dead letter.
-	in = inspect(append(httpFlags("POST /flaky"), "-message-id", "F1")...)
+	in = inspect(append(httpFlags("POST /flaky"), "--message-id", "F1")...)
 	if in.Status != dedup.StatusFailedRetryable || in.HTTP == nil || !in.HTTP.Unfinished || in.HTTP.Response != nil {
 		t.Fatalf("inspect retryable: %+v %+v", in, in.HTTP)
 	}
 	post("/flaky", "F1", `{}`)
-	if in = inspect(append(httpFlags("POST /flaky"), "-message-id", "F1")...); in.Status != dedup.StatusFailedFinal || in.HTTP.Unfinished {
+	if in = inspect(append(httpFlags("POST /flaky"), "--message-id", "F1")...); in.Status != dedup.StatusFailedFinal || in.HTTP.Unfinished {
 		t.Fatalf("inspect exhausted: %+v %+v", in, in.HTTP)
 	}
 
 	// dead-letters: every HTTP scope's with -scope-prefix (with the SCOPE
 	// column), one route's with the -http-* flags.
-	out = run("dead-letters", "-scope-prefix", httpidem.ScopePrefix)
+	out = run("dead-letters", "list", "--scope-prefix", httpidem.ScopePrefix)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "ID") || !strings.Contains(lines[0], "SCOPE") ||
 		!strings.Contains(out, payScope) || !strings.Contains(out, "payload_conflict") ||
 		!strings.Contains(out, "attempts_exhausted") || strings.Contains(out, "billing") || strings.Contains(out, "m-dl") {
 		t.Fatalf("dead-letters -scope-prefix 'http|':\n%s", out)
 	}
-	out = run(append([]string{"dead-letters"}, httpFlags("POST /payments")...)...)
+	out = run(append([]string{"dead-letters", "list"}, httpFlags("POST /payments")...)...)
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || !strings.Contains(lines[1], "K1") || !strings.Contains(lines[1], "payload_conflict") {
 		t.Fatalf("dead-letters -http-*:\n%s", out)
 	}
 
 	// redrive by the request's parts: the key runs its handler again.
-	run(append([]string{"redrive"}, append(httpFlags("POST /flaky"), "-message-id", "F1")...)...)
-	if in = inspect(append(httpFlags("POST /flaky"), "-message-id", "F1")...); in.Status != dedup.StatusFailedRetryable {
+	run(append([]string{"redrive"}, append(httpFlags("POST /flaky"), "--message-id", "F1")...)...)
+	if in = inspect(append(httpFlags("POST /flaky"), "--message-id", "F1")...); in.Status != dedup.StatusFailedRetryable {
 		t.Fatalf("after redrive: %+v", in)
 	}
 	before := flakyCalls.Load()
@@ -248,19 +248,20 @@ func TestCLIHTTPScopes(t *testing.T) {
 		t.Fatalf("the re-driven key did not run its handler again: %d calls, want %d", flakyCalls.Load(), before+1)
 	}
 
-	// Errors exit 1 and say why.
+	// Usage errors exit 2, runtime errors 1, and both say why.
 	for _, c := range []struct {
 		args []string
+		code int
 		want string
 	}{
-		{append([]string{"inspect", "-scope", payScope, "-message-id", "K1"}, httpFlags("POST /payments")...), "not both"},
-		{[]string{"inspect", "-http-tenant", tenant, "-http-principal", user, "-message-id", "K1"}, "-http-method and -http-route are required"},
-		{append([]string{"inspect", "-message-id", "nope"}, httpFlags("POST /payments")...), "not found"},
-		{[]string{"dead-letters"}, "-scope is required"},
-		{[]string{"dead-letters", "-scope-prefix", "http|", "-scope", "billing"}, "not both"},
+		{append([]string{"inspect", "--scope", payScope, "--message-id", "K1"}, httpFlags("POST /payments")...), 2, "not both"},
+		{[]string{"inspect", "--http-tenant", tenant, "--http-principal", user, "--message-id", "K1"}, 2, "--http-method and --http-route are required"},
+		{append([]string{"inspect", "--message-id", "nope"}, httpFlags("POST /payments")...), 1, "not found"},
+		{[]string{"inspect", "--message-id", "K1"}, 2, "--scope is required"},
+		{[]string{"dead-letters", "list", "--scope-prefix", "http|", "--scope", "billing"}, 2, "not both"},
 	} {
-		if out, errOut, code := idemq(c.args...); code != 1 || !strings.Contains(errOut, c.want) {
-			t.Fatalf("idemq %v: exit %d, want 1 with %q\n%s%s", c.args, code, c.want, out, errOut)
+		if out, errOut, code := idemq(c.args...); code != c.code || !strings.Contains(errOut, c.want) {
+			t.Fatalf("idemq %v: exit %d, want %d with %q\n%s%s", c.args, code, c.code, c.want, out, errOut)
 		}
 	}
 
@@ -299,7 +300,7 @@ func TestCLIHTTPScopes(t *testing.T) {
 	if n := e.count(`select count(*) from ` + httpTable); n != 1 {
 		t.Fatalf("%d stored-response rows left, want 1 (the unfinished F1)", n)
 	}
-	if out, errOut, code := idemq(append([]string{"inspect", "-message-id", "K1"}, httpFlags("POST /payments")...)...); code != 1 || !strings.Contains(errOut, "not found") {
+	if out, errOut, code := idemq(append([]string{"inspect", "--message-id", "K1"}, httpFlags("POST /payments")...)...); code != 1 || !strings.Contains(errOut, "not found") {
 		t.Fatalf("inspect after purge: exit %d\n%s%s", code, out, errOut)
 	}
 }

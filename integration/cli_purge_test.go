@@ -22,7 +22,7 @@ func TestCLIPurgeProgressAndInterrupt(t *testing.T) {
 	e.exec(`insert into `+e.schema+`.consumption_records (scope, message_id, fingerprint, fingerprint_key_id, status, created_at, expires_at)
 		select 'purge', 'm-' || g, '\x00', 'k1', 'SUCCEEDED', now() - interval '8 days', now() - interval '1 day'
 		from generate_series(1, $1::int) g`, total)
-	cmd := exec.Command(bin, "purge", "-dsn", postgresDSN(t), "-schema", e.schema, "-batch", "1", "-progress", "0")
+	cmd := exec.Command(bin, "purge", "--dsn", postgresDSN(t), "--schema", e.schema, "--batch", "1", "--progress", "0")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -67,8 +67,8 @@ func TestCLIPurgeProgressAndInterrupt(t *testing.T) {
 	}
 }
 
-// idemq purge -dead-letters deletes the dead letters older than
-// -older-than and keeps the younger ones.
+// idemq purge --dead-letters deletes the dead letters older than
+// --older-than and keeps the younger ones.
 func TestCLIPurgeDeadLetters(t *testing.T) {
 	t.Parallel()
 	bin := buildExample(t, "github.com/idemq/idemq/cmd/idemq")
@@ -77,7 +77,7 @@ func TestCLIPurgeDeadLetters(t *testing.T) {
 		select 'purge', 'old-' || g, 'failed', now() - interval '40 days' from generate_series(1, 12) g`)
 	e.exec(`insert into ` + e.schema + `.dead_letters (scope, message_id, reason, created_at)
 		select 'purge', 'young-' || g, 'failed', now() - interval '2 days' from generate_series(1, 3) g`)
-	out, err := exec.Command(bin, "purge", "-dead-letters", "-older-than", "720h", "-dsn", postgresDSN(t), "-schema", e.schema).CombinedOutput()
+	out, err := exec.Command(bin, "purge", "--dead-letters", "--older-than", "720h", "--dsn", postgresDSN(t), "--schema", e.schema).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "purged 12 dead letters older than 720h0m0s") {
 		t.Fatalf("purge -dead-letters: %v\n%s", err, out)
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/idemq/idemq/wire"
 )
 
-// `idemq relay -once` drains the outbox and exits: every committed row is on
+// `idemq relay --once` drains the outbox and exits: every committed row is on
 // the topic with its message ID, every row is marked published, and the
 // command prints the totals. A second run finds nothing and publishes
 // nothing.
@@ -20,10 +20,10 @@ func TestCLIRelayOnceDrains(t *testing.T) {
 	want := o.addRows(t, topic, 1200, 7, "once") // more than one batch of 500
 	run := func() string {
 		t.Helper()
-		out, err := exec.Command(bin, "relay", "-once", "-dsn", postgresDSN(t), "-schema", o.schema,
-			"-kafka-brokers", strings.Join(kafkaBrokers(t), ","), "-name", "cron-relay").CombinedOutput()
+		out, err := exec.Command(bin, "relay", "--once", "--dsn", postgresDSN(t), "--schema", o.schema,
+			"--kafka-brokers", strings.Join(kafkaBrokers(t), ","), "--name", "cron-relay").CombinedOutput()
 		if err != nil {
-			t.Fatalf("idemq relay -once: %v\n%s", err, out)
+			t.Fatalf("idemq relay --once: %v\n%s", err, out)
 		}
 		return string(out)
 	}

@@ -62,7 +62,7 @@
 // offset back, in every mode (TestKafkaGenerationFencedCommits), bad input
 // (TestKafkaBadInput), retries through the real %RETRY% topic, batched mode,
 // the outbox relay under load and broker outages, metrics, tracing and the
-// CLI (`idemq relay -once` drains the outbox and exits:
+// CLI (`idemq relay --once` drains the outbox and exits:
 // TestCLIRelayOnceDrains; HTTP requests served through httpidem named by
 // their parts in inspect, dead-letters and redrive, their stored responses
 // described without a sealed body, and purged with their records:
@@ -71,7 +71,7 @@
 // on its tables) passes CheckSchema, runs Migrate without DDL and processes
 // messages in atomic, batched (also set-based) and lease mode, and gets ErrSchemaOutdated /
 // ErrSchemaMissing otherwise (TestMigrateWithDataOnlyRole); the SQL of
-// `idemq migrate -print` applied block by block gives Migrate's schema
+// `idemq migrate --print` applied block by block gives Migrate's schema
 // (TestMigrationSQLMatchesMigrate). The schema is checked by default: consumer.Run
 // and Relay.Run refuse a missing or outdated schema before anything is handled or
 // committed, a data-only role starts (TestSchemaCheckedByDefault). Conflicts carry the reason of their kind in every mode and store
@@ -150,7 +150,7 @@
 // advisory lock and the other takes over when the leader's connection is
 // killed (pgstore: TestMaintenanceLeaderElectionAndTakeover); old dead
 // letters are purged in bounded steps, keeping young ones and unpublished
-// re-drives (pgstore: TestPurgeDeadLetters); `idemq purge -dead-letters`
+// re-drives (pgstore: TestPurgeDeadLetters); `idemq purge --dead-letters`
 // (TestCLIPurgeDeadLetters); `idemq purge` shows progress and, interrupted,
 // reports what it deleted and exits 1 (TestCLIPurgeProgressAndInterrupt); a
 // Kafka topic with retention.ms = -1 is refused unless

@@ -142,8 +142,8 @@ func TestMigrateWithDataOnlyRole(t *testing.T) {
 	bin := buildExample(t, "github.com/idemq/idemq/cmd/idemq")
 	cc := data.Config().ConnConfig
 	dataDSN := fmt.Sprintf("postgres://%s:%s@%s:%d/%s?sslmode=disable", cc.User, cc.Password, cc.Host, cc.Port, cc.Database)
-	for _, args := range [][]string{{"migrate", "-check"}, {"migrate"}, {"outbox", "migrate", "-check"}, {"outbox", "migrate"}} {
-		if out, err := exec.Command(bin, append(args, "-dsn", dataDSN, "-schema", e.schema)...).CombinedOutput(); err != nil {
+	for _, args := range [][]string{{"migrate", "--check"}, {"migrate"}, {"outbox", "migrate", "--check"}, {"outbox", "migrate"}} {
+		if out, err := exec.Command(bin, append(args, "--dsn", dataDSN, "--schema", e.schema)...).CombinedOutput(); err != nil {
 			t.Fatalf("idemq %v as the data-only role: %v\n%s", args, err, out)
 		}
 	}
@@ -158,11 +158,11 @@ func TestMigrateWithDataOnlyRole(t *testing.T) {
 	err = st.CheckSchema(e.ctx)
 	var se *pgstore.SchemaError
 	if !errors.Is(err, pgstore.ErrSchemaOutdated) || !errors.As(err, &se) || se.Found != want-1 || se.Want != want ||
-		!strings.Contains(err.Error(), fmt.Sprintf("found version %d, want %d", want-1, want)) || !strings.Contains(err.Error(), "idemq migrate -print -schema "+e.schema) {
+		!strings.Contains(err.Error(), fmt.Sprintf("found version %d, want %d", want-1, want)) || !strings.Contains(err.Error(), "idemq migrate --print --schema "+e.schema) {
 		t.Fatalf("CheckSchema on an outdated schema: %v", err)
 	}
-	if out, err := exec.Command(bin, "migrate", "-check", "-dsn", dataDSN, "-schema", e.schema).CombinedOutput(); err == nil || !strings.Contains(string(out), "outdated") {
-		t.Fatalf("idemq migrate -check on an outdated schema: %v\n%s", err, out)
+	if out, err := exec.Command(bin, "migrate", "--check", "--dsn", dataDSN, "--schema", e.schema).CombinedOutput(); err == nil || !strings.Contains(string(out), "outdated") {
+		t.Fatalf("idemq migrate --check on an outdated schema: %v\n%s", err, out)
 	}
 	if err := st.Migrate(e.ctx); err == nil {
 		t.Fatal("Migrate as the data-only role applied a migration: the role has DDL rights after all")
@@ -196,7 +196,7 @@ func TestMigrateWithDataOnlyRole(t *testing.T) {
 	}
 }
 
-// The SQL that `idemq migrate -print` / pgstore.MigrationSQL (and the outbox's)
+// The SQL that `idemq migrate --print` / pgstore.MigrationSQL (and the outbox's)
 // emit, applied block by block as a migration tool would, gives the same
 // tables, columns and indexes as Migrate, passes CheckSchema, and Migrate
 // then has nothing to do.
@@ -218,13 +218,13 @@ func TestMigrationSQLMatchesMigrate(t *testing.T) {
 		_, _ = p.Exec(context.Background(), "drop schema if exists "+pgx.Identifier{schema}.Sanitize()+" cascade")
 	})
 	bin := buildExample(t, "github.com/idemq/idemq/cmd/idemq")
-	out, err := exec.Command(bin, "migrate", "-print", "-schema", schema).Output() // no -dsn: it needs no database
+	out, err := exec.Command(bin, "migrate", "--print", "--schema", schema).Output() // no -dsn: it needs no database
 	if err != nil {
-		t.Fatalf("idemq migrate -print: %v", err)
+		t.Fatalf("idemq migrate --print: %v", err)
 	}
 	recordsSQL, err := pgstore.MigrationSQL(pgstore.Config{Schema: schema})
 	if err != nil || string(out) != recordsSQL {
-		t.Fatalf("idemq migrate -print differs from pgstore.MigrationSQL (%v)", err)
+		t.Fatalf("idemq migrate --print differs from pgstore.MigrationSQL (%v)", err)
 	}
 	outboxSQL, err := outbox.MigrationSQL(outbox.Config{Schema: schema, Table: "ob"})
 	if err != nil {

@@ -49,7 +49,7 @@ type redriveAdmin interface {
 
 // S20's sibling, issue 8 item 7: two different messages share a message ID
 // (a client-side ID generator collision). The second is dead-lettered as
-// message_id_collision; `idemq redrive -as-new -id N` (the real CLI binary)
+// message_id_collision; `idemq redrive --as-new --id N` (the real CLI binary)
 // publishes it to Kafka under <message ID>#redrive-N, and the running
 // consumer processes it once under that identity. Both records exist, the
 // audit row exists, a second -as-new of the same dead letter publishes
@@ -95,7 +95,7 @@ func testRedriveAsNewCLI(t *testing.T, store string) {
 				m.Identity.MessageID, m.Payload, m.Identity.BusinessKey)
 			return err
 		}
-		storeArgs = []string{"-dsn", postgresDSN(t), "-schema", e.schema}
+		storeArgs = []string{"--dsn", postgresDSN(t), "--schema", e.schema}
 	case "redis-only":
 		rs := newRedisStore(t, nil)
 		cfg.Store, st = rs, rs
@@ -103,7 +103,7 @@ func testRedriveAsNewCLI(t *testing.T, store string) {
 			calls.add(m.Identity.MessageID)
 			return nil
 		}
-		storeArgs = []string{"-redis", "redis://" + redisAddress(t) + "/0", "-redis-prefix", rs.Config().Prefix}
+		storeArgs = []string{"--redis", "redis://" + redisAddress(t) + "/0", "--redis-prefix", rs.Config().Prefix}
 	}
 	produce(t, topic,
 		kmsg{id: "m-1", payload: `{"order":"o-1","amount":10}`}, // 0: processed
@@ -134,8 +134,8 @@ func testRedriveAsNewCLI(t *testing.T, store string) {
 		return string(out), err
 	}
 	asNew := func(id int64, extra ...string) (string, error) {
-		return idemq(append([]string{"redrive", "-as-new", "-scope", group, "-id", strconv.FormatInt(id, 10), "-operator", "it-operator",
-			"-kafka-brokers", strings.Join(kafkaBrokers(t), ",")}, extra...)...)
+		return idemq(append([]string{"redrive", "--as-new", "--scope", group, "--id", strconv.FormatInt(id, 10), "--operator", "it-operator",
+			"--kafka-brokers", strings.Join(kafkaBrokers(t), ",")}, extra...)...)
 	}
 
 	// The collision: re-driven as new, processed once under the derived ID.
@@ -184,7 +184,7 @@ where dead_letter_id = $1 and new_message_id = $2 and message_id = 'm-1' and rea
 	if got := redrivenAs(collision.ID); got != derived {
 		t.Fatalf("RedrivenAs = %q, want %q", got, derived)
 	}
-	if out, err := idemq("dead-letters", "-scope", group); err != nil || !strings.Contains(out, "as "+derived) {
+	if out, err := idemq("dead-letters", "list", "--scope", group); err != nil || !strings.Contains(out, "as "+derived) {
 		t.Fatalf("dead-letters: %v\n%s", err, out)
 	}
 
@@ -198,7 +198,7 @@ where dead_letter_id = $1 and new_message_id = $2 and message_id = 'm-1' and rea
 	}
 
 	// A payload conflict is refused without -force, and records nothing.
-	if out, err := asNew(byID.ID); err == nil || !strings.Contains(out, "payload conflict") || !strings.Contains(out, "-force") {
+	if out, err := asNew(byID.ID); err == nil || !strings.Contains(out, "payload conflict") || !strings.Contains(out, "--force") {
 		t.Fatalf("-as-new of a payload conflict without -force: err %v\n%s", err, out)
 	}
 	if got := redrivenAs(byID.ID); got != "" {
@@ -206,7 +206,7 @@ where dead_letter_id = $1 and new_message_id = $2 and message_id = 'm-1' and rea
 	}
 	// Forced, when its business key has a record, it is still refused: the
 	// copy would conflict with that record again.
-	if out, err := asNew(byKey.ID, "-force"); err == nil || !strings.Contains(out, `business key "o-1" has record`) {
+	if out, err := asNew(byKey.ID, "--force"); err == nil || !strings.Contains(out, `business key "o-1" has record`) {
 		t.Fatalf("forced -as-new of a payload conflict whose business key has a record: err %v\n%s", err, out)
 	}
 	if got := endOffset(t, topic); got != end {
@@ -214,7 +214,7 @@ where dead_letter_id = $1 and new_message_id = $2 and message_id = 'm-1' and rea
 	}
 	// Forced, without a business key: processed under its derived ID.
 	derived3 := "m-3#redrive-" + strconv.FormatInt(byID.ID, 10)
-	if out, err := asNew(byID.ID, "-force"); err != nil || !strings.Contains(out, derived3) {
+	if out, err := asNew(byID.ID, "--force"); err != nil || !strings.Contains(out, derived3) {
 		t.Fatalf("forced -as-new: %v\n%s", err, out)
 	}
 	eventually(t, 60*time.Second, "the forced re-drive to be processed", func() bool { return calls.get(derived3) == 1 })
@@ -293,7 +293,7 @@ func TestRedriveAsNewPublishFailsThenRepeats(t *testing.T) {
 }
 
 // The same on RocketMQ: a message-ID collision (two messages sent with one
-// message-id property) is re-driven with `idemq redrive -as-new -broker
+// message-id property) is re-driven with `idemq redrive --as-new --broker
 // rocketmq`; the push consumer processes it once under the derived ID, with
 // its own Keys as business key, and the record it collided with stays.
 func TestRocketMQRedriveAsNewCLI(t *testing.T) {
@@ -321,8 +321,8 @@ func TestRocketMQRedriveAsNewCLI(t *testing.T) {
 		t.Fatalf("dead letters: %+v", dls)
 	}
 	ns, _ := rmqEndpoints(t)
-	out, err := exec.Command(bin, "redrive", "-as-new", "-scope", group, "-id", strconv.FormatInt(dls[0].ID, 10),
-		"-dsn", postgresDSN(t), "-schema", e.schema, "-broker", "rocketmq", "-rocketmq-namesrv", strings.Join(ns, ",")).CombinedOutput()
+	out, err := exec.Command(bin, "redrive", "--as-new", "--scope", group, "--id", strconv.FormatInt(dls[0].ID, 10),
+		"--dsn", postgresDSN(t), "--schema", e.schema, "--broker", "rocketmq", "--rocketmq-namesrv", strings.Join(ns, ",")).CombinedOutput()
 	derived := "m-1#redrive-" + strconv.FormatInt(dls[0].ID, 10)
 	if err != nil || !strings.Contains(string(out), derived) {
 		t.Fatalf("redrive -as-new: %v\n%s", err, out)

@@ -213,6 +213,20 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 // deleted. Concurrent purges skip each other's rows. The relay calls it on
 // its own (RelayConfig.Retention).
 func (o *Outbox) Purge(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
+	return o.purge(ctx, olderThan, batch, nil, false)
+}
+
+// PurgeWithProgress is Purge for an operator (`idemq outbox purge`):
+// progress, when not nil, is called after each statement that deleted rows
+// with the rows deleted so far, and when ctx ends the statement in flight
+// still finishes (it is cancelled only 30s later), then the purge stops and
+// returns ctx's error, so the count it returns is exactly what left the
+// table.
+func (o *Outbox) PurgeWithProgress(ctx context.Context, olderThan time.Duration, batch int, progress func(deleted int64)) (int64, error) {
+	return o.purge(ctx, olderThan, batch, progress, true)
+}
+
+func (o *Outbox) purge(ctx context.Context, olderThan time.Duration, batch int, progress func(int64), finishStatement bool) (int64, error) {
 	if o.pool == nil {
 		return 0, ErrNoPool
 	}
@@ -221,12 +235,29 @@ func (o *Outbox) Purge(ctx context.Context, olderThan time.Duration, batch int) 
 	}
 	var total int64
 	for {
-		tag, err := o.pool.Exec(ctx, o.q.purgeSQL, olderThan.Seconds(), batch)
+		stmtCtx, cancel := ctx, context.CancelFunc(func() {})
+		if finishStatement {
+			if err := ctx.Err(); err != nil {
+				return total, err
+			}
+			stmtCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		}
+		tag, err := o.pool.Exec(stmtCtx, o.q.purgeSQL, olderThan.Seconds(), batch)
+		cancel()
 		if err != nil {
 			return total, fmt.Errorf("idemq/outbox: purge: %w", err)
 		}
 		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batch) || ctx.Err() != nil {
+		if progress != nil && tag.RowsAffected() > 0 {
+			progress(total)
+		}
+		if tag.RowsAffected() < int64(batch) {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			if finishStatement {
+				return total, err
+			}
 			return total, nil
 		}
 	}

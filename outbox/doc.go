@@ -127,7 +127,7 @@
 //
 // Relay.RunOnce claims, publishes and marks one batch and returns: what each
 // worker of Run does in a loop. Call it to drain the outbox from a cron job or
-// a serverless function (`idemq relay -once` does so until a batch claims
+// a serverless function (`idemq relay --once` does so until a batch claims
 // nothing), or from a benchmark. It may run beside Run and other relays.
 //
 // # Crashes between publish and mark

@@ -26,6 +26,7 @@ type queries struct {
 	insertSQL, lockKeysSQL, claimSQL, claimWalkSQL, publishedSQL, failedSQL, purgeSQL string
 	listenSQL, notifySQL, probeSQL                                                    string
 	getSQL, listAllSQL, listPendingSQL, listParkedSQL, unparkSQL, statsSQL            string
+	unparkMatchingSQL, countParkedMatchingSQL                                         string
 }
 
 func newQueries(cfg Config) (queries, error) {
@@ -36,22 +37,24 @@ func newQueries(cfg Config) (queries, error) {
 		"notify":  !cfg.DisableNotify,
 	}
 	err := statements.Bind(data, map[string]*string{
-		"insert":         &q.insertSQL,
-		"lock_keys":      &q.lockKeysSQL,
-		"claim":          &q.claimSQL,
-		"claim_walk":     &q.claimWalkSQL,
-		"mark_published": &q.publishedSQL,
-		"mark_failed":    &q.failedSQL,
-		"purge":          &q.purgeSQL,
-		"listen":         &q.listenSQL,
-		"notify":         &q.notifySQL,
-		"probe":          &q.probeSQL,
-		"get":            &q.getSQL,
-		"list_all":       &q.listAllSQL,
-		"list_pending":   &q.listPendingSQL,
-		"list_parked":    &q.listParkedSQL,
-		"unpark":         &q.unparkSQL,
-		"stats":          &q.statsSQL,
+		"insert":                &q.insertSQL,
+		"lock_keys":             &q.lockKeysSQL,
+		"claim":                 &q.claimSQL,
+		"claim_walk":            &q.claimWalkSQL,
+		"mark_published":        &q.publishedSQL,
+		"mark_failed":           &q.failedSQL,
+		"purge":                 &q.purgeSQL,
+		"listen":                &q.listenSQL,
+		"notify":                &q.notifySQL,
+		"probe":                 &q.probeSQL,
+		"get":                   &q.getSQL,
+		"list_all":              &q.listAllSQL,
+		"list_pending":          &q.listPendingSQL,
+		"list_parked":           &q.listParkedSQL,
+		"unpark":                &q.unparkSQL,
+		"stats":                 &q.statsSQL,
+		"unpark_matching":       &q.unparkMatchingSQL,
+		"count_parked_matching": &q.countParkedMatchingSQL,
 	})
 	if err != nil {
 		return queries{}, fmt.Errorf("idemq/outbox: statements: %w", err)

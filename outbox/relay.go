@@ -393,7 +393,7 @@ type BatchResult struct {
 // unpublished row whose time has come, or every ready key held by another
 // relay). It is what each worker of Run does in a loop, for callers that
 // schedule the relay themselves: a one-shot drain from cron or a serverless
-// function (`idemq relay -once` calls it until a batch claims nothing), or a
+// function (`idemq relay --once` calls it until a batch claims nothing), or a
 // benchmark. It may run concurrently with Run and other relays, needs no Run,
 // and does not purge. Failed publishes are recorded on their rows (retry
 // time, attempts, parking) exactly as under Run. A non-nil error means the

@@ -37,7 +37,7 @@ func (e *SchemaError) Error() string {
 	if e.Missing {
 		what = fmt.Sprintf("missing (no version table %q, want version %d)", e.VersionTable, e.Want)
 	}
-	return fmt.Sprintf("idemq/outbox: outbox %q in schema %q is %s: run `idemq outbox migrate -schema %s -table %s` (or Outbox.Migrate) with a role that may run DDL, or apply `idemq outbox migrate -print -schema %s -table %s` with your migration tool",
+	return fmt.Sprintf("idemq/outbox: outbox %q in schema %q is %s: run `idemq outbox migrate --schema %s --table %s` (or Outbox.Migrate) with a role that may run DDL, or apply `idemq outbox migrate --print --schema %s --table %s` with your migration tool",
 		e.Table, e.Schema, what, e.Schema, e.Table, e.Schema, e.Table)
 }
 

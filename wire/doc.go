@@ -1,5 +1,5 @@
 // Package wire is idemq's wire contract: the header and property names that
-// producers (the outbox relay and its publishers, `idemq redrive -as-new`,
+// producers (the outbox relay and its publishers, `idemq redrive --as-new`,
 // any producer of your own) and consumers (the broker adapters) must agree
 // on, and the rules a message ID must follow to be deduplicated as given.
 //

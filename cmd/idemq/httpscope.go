@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -15,6 +12,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/httpidem"
+	"github.com/spf13/cobra"
 )
 
 // scopeFlags name a record's scope: -scope as stored, or the parts of an
@@ -28,46 +26,48 @@ type scopeFlags struct {
 // httpFlagNames are the flags of an HTTP request's scope.
 var httpFlagNames = []string{"http-tenant", "http-principal", "http-method", "http-route"}
 
-func (s *scopeFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&s.scope, "scope", "", "scope (consumer group), as stored; or name an HTTP request with the -http-* flags")
-	fs.StringVar(&s.tenant, "http-tenant", "", "HTTP request: the tenant (httpidem Config.Tenant; empty when none); with -http-principal, -http-method, -http-route instead of -scope")
+func (s *scopeFlags) register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.StringVar(&s.scope, "scope", "", "scope (consumer group), as stored; or name an HTTP request with the --http-* flags")
+	fs.StringVar(&s.tenant, "http-tenant", "", "HTTP request: the tenant (httpidem Config.Tenant; empty when none); with --http-principal, --http-method, --http-route instead of --scope")
 	fs.StringVar(&s.principal, "http-principal", "", "HTTP request: the principal (httpidem Config.Principal)")
 	fs.StringVar(&s.method, "http-method", "", "HTTP request: the method, e.g. POST")
 	fs.StringVar(&s.route, "http-route", "", `HTTP request: the route pattern (httpidem Config.Route; for ServeMux the pattern with its method, e.g. "POST /payments")`)
 }
 
-// httpSet reports whether any -http-* flag was given.
-func httpSet(fs *flag.FlagSet) bool {
-	set := false
-	fs.Visit(func(fl *flag.Flag) {
-		for _, n := range httpFlagNames {
-			if fl.Name == n {
-				set = true
-			}
+// httpSet reports whether any --http-* flag was given.
+func httpSet(cmd *cobra.Command) bool {
+	for _, n := range httpFlagNames {
+		if cmd.Flags().Changed(n) {
+			return true
 		}
-	})
-	return set
+	}
+	return false
 }
 
-// resolve returns the scope the flags name (after fs.Parse): -scope, or
-// httpidem.Scope of the -http-* flags (-http-method and -http-route
+// resolve returns the scope the flags name (after parsing): --scope, or
+// httpidem.Scope of the --http-* flags (--http-method and --http-route
 // required, the tenant and principal may be empty as the extractors
-// return them). optional allows neither (dead-letters -scope-prefix).
-func (s *scopeFlags) resolve(fs *flag.FlagSet, f *storeFlags, optional bool) (string, error) {
-	cmd := fs.Name()
-	if !httpSet(fs) {
+// return them). optional allows neither (dead-letters --scope-prefix).
+// Its errors are usage errors.
+func (s *scopeFlags) resolve(cmd *cobra.Command, f *storeFlags, optional bool) (string, error) {
+	name := cmd.Name()
+	if !httpSet(cmd) {
 		if s.scope == "" && !optional {
-			return "", fmt.Errorf("%s: -scope is required (or -http-method and -http-route, with -http-tenant and -http-principal, for an HTTP request)", cmd)
+			return "", usagef("%s: --scope is required (or --http-method and --http-route, with --http-tenant and --http-principal, for an HTTP request)", name)
 		}
 		return s.scope, nil
 	}
+	isRedis, err := f.useRedis()
 	switch {
+	case err != nil:
+		return "", err
 	case s.scope != "":
-		return "", fmt.Errorf("%s: give -scope or the -http-* flags, not both", cmd)
+		return "", usagef("%s: give --scope or the --http-* flags, not both", name)
 	case s.method == "" || s.route == "":
-		return "", fmt.Errorf("%s: -http-method and -http-route are required with the -http-* flags", cmd)
-	case f.redisURL != "":
-		return "", fmt.Errorf("%s: the -http-* flags are not for a Redis-only store (-redis): HTTP requests are recorded in Postgres", cmd)
+		return "", usagef("%s: --http-method and --http-route are required with the --http-* flags", name)
+	case isRedis:
+		return "", usagef("%s: the --http-* flags are not for a Redis-only store (--redis): HTTP requests are recorded in Postgres", name)
 	}
 	return httpidem.Scope(s.tenant, s.principal, s.method, s.route), nil
 }
@@ -106,8 +106,8 @@ type httpResponse struct {
 // inspectHTTP prints the record of an HTTP request (scope, key exactly as
 // stored) with its stored part. showBody prints a plain stored body; a
 // sealed one is never printed.
-func inspectHTTP(ctx context.Context, f *storeFlags, scope, key string, showBody bool) error {
-	pool, st, err := f.open(ctx)
+func (a *app) inspectHTTP(ctx context.Context, f *storeFlags, scope, key string, showBody bool) error {
+	pool, st, err := a.openPG(ctx, f)
 	if err != nil {
 		return err
 	}
@@ -127,18 +127,16 @@ func inspectHTTP(ctx context.Context, f *storeFlags, scope, key string, showBody
 	if row := in.Stored; row != nil {
 		out.HTTP = &httpPart{Principal: row.Principal, CanonVersion: row.CanonVersion, Unfinished: row.Unfinished, UpdatedAt: row.UpdatedAt}
 		if len(row.Response.Stored) > 0 {
-			if out.HTTP.Response, err = describe(row.Response, showBody); err != nil {
+			if out.HTTP.Response, err = a.describe(row.Response, showBody); err != nil {
 				return err
 			}
 		}
 	}
-	enc := json.NewEncoder(os.Stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return writeJSON(a.stdout, out)
 }
 
 // describe turns a stored response into inspect's JSON.
-func describe(r pgstore.HTTPResponse, showBody bool) (*httpResponse, error) {
+func (a *app) describe(r pgstore.HTTPResponse, showBody bool) (*httpResponse, error) {
 	info, err := httpidem.DescribeStoredResponse(r.Stored, r.SealedBy)
 	if err != nil {
 		return nil, err
@@ -146,7 +144,7 @@ func describe(r pgstore.HTTPResponse, showBody bool) (*httpResponse, error) {
 	out := &httpResponse{Status: r.Status, Sealed: info.Sealed, KeyID: info.KeyID, StoredBytes: info.StoredBytes}
 	if info.Sealed {
 		if showBody {
-			fmt.Fprintf(os.Stderr, "idemq: the stored response is sealed (key %s): its body is never shown\n", info.KeyID)
+			_, _ = fmt.Fprintf(a.stderr, "idemq: the stored response is sealed (key %s): its body is never shown\n", info.KeyID)
 		}
 		return out, nil
 	}
@@ -169,8 +167,3 @@ func describe(r pgstore.HTTPResponse, showBody bool) (*httpResponse, error) {
 
 // isHTTPScope reports whether scope is an HTTP request's (httpidem).
 func isHTTPScope(scope string) bool { return strings.HasPrefix(scope, httpidem.ScopePrefix) }
-
-// prefixLister is the Postgres store's listing by scope prefix.
-type prefixLister interface {
-	DeadLettersByScopePrefix(ctx context.Context, prefix string, afterID int64, limit int) ([]dedup.DeadLetter, error)
-}

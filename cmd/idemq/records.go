@@ -2,45 +2,17 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"os"
-	"text/tabwriter"
+	"time"
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
 )
-
-// The consumption-record commands: migrate, inspect a key, list
-// and re-drive dead letters, purge expired records.
-func init() {
-	commands["migrate"] = runMigrate
-	commands["inspect"] = runInspect
-	commands["dead-letters"] = runDeadLetters
-	commands["redrive"] = runRedrive
-	commands["purge"] = runPurge
-}
-
-// storeFlags name the consumption-record and dead-letter tables, or the
-// Redis of a Redis-only store (dedup/redisstore).
-type storeFlags struct {
-	db                   dbFlags
-	records, deadLetters string
-	redisURL, prefix     string
-}
-
-func (f *storeFlags) register(fs *flag.FlagSet) {
-	f.db.register(fs)
-	fs.StringVar(&f.records, "records-table", "consumption_records", "consumption record table")
-	fs.StringVar(&f.deadLetters, "dead-letters-table", "dead_letters", "dead-letter table")
-	fs.StringVar(&f.redisURL, "redis", "", "use a Redis-only store (dedup/redisstore) at this URL, e.g. redis://127.0.0.1:6379/0, instead of Postgres")
-	fs.StringVar(&f.prefix, "redis-prefix", "idemq", "key prefix of the Redis-only store (redisstore.Config.Prefix)")
-}
 
 // recordAdmin is what inspect, dead-letters and redrive need; both stores
 // have it.
@@ -52,26 +24,36 @@ type recordAdmin interface {
 	RedriveAsNew(ctx context.Context, scope string, deadLetterID int64, opt dedup.RedriveAsNewOptions) (dedup.RedriveAsNewResult, error)
 }
 
-// admin opens the store the flags name; closeStore releases it.
-func (f *storeFlags) admin(ctx context.Context) (st recordAdmin, closeStore func(), err error) {
-	if f.redisURL == "" {
-		pool, pst, err := f.open(ctx)
+// openStoreAny opens the store the flags name (after checkStore): a
+// *pgstore.Store or a *redisstore.Store; closeStore releases it.
+func (a *app) openStoreAny(ctx context.Context, f *storeFlags) (st any, closeStore func(), err error) {
+	if isRedis, _ := f.useRedis(); isRedis {
+		opt, err := redis.ParseURL(f.redisURL)
 		if err != nil {
+			return nil, nil, usagef("--redis: %v", err)
+		}
+		c := redis.NewClient(opt)
+		rst, err := redisstore.New(redisstore.Config{Client: c, Prefix: f.prefix, Fingerprinter: adminFingerprinter()})
+		if err != nil {
+			_ = c.Close()
 			return nil, nil, err
 		}
-		return pst, pool.Close, nil
+		return rst, func() { _ = c.Close() }, nil
 	}
-	opt, err := redis.ParseURL(f.redisURL)
+	pool, pst, err := a.openPG(ctx, f)
 	if err != nil {
-		return nil, nil, fmt.Errorf("-redis: %w", err)
-	}
-	c := redis.NewClient(opt)
-	rst, err := redisstore.New(redisstore.Config{Client: c, Prefix: f.prefix, Fingerprinter: adminFingerprinter()})
-	if err != nil {
-		_ = c.Close()
 		return nil, nil, err
 	}
-	return rst, func() { _ = c.Close() }, nil
+	return pst, pool.Close, nil
+}
+
+// admin opens the store as a recordAdmin.
+func (a *app) admin(ctx context.Context, f *storeFlags) (recordAdmin, func(), error) {
+	st, closeStore, err := a.openStoreAny(ctx, f)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st.(recordAdmin), closeStore, nil
 }
 
 // adminFingerprinter is a placeholder key: administration never computes a
@@ -84,22 +66,13 @@ func adminFingerprinter() *dedup.Fingerprinter {
 	return fp
 }
 
-// postgresOnly refuses -redis for commands a Redis-only store does not need.
-func (f *storeFlags) postgresOnly(cmd string) error {
-	if f.redisURL != "" {
-		return fmt.Errorf("%s: not for a Redis-only store (-redis): it has no tables, and Redis expires its records itself", cmd)
-	}
-	return nil
-}
-
-// open returns a Store for administration. Administration never computes a
-// fingerprint, so the store gets a placeholder key that is never used.
-func (f *storeFlags) open(ctx context.Context) (*pgxpool.Pool, *pgstore.Store, error) {
-	pool, err := pgxpool.New(ctx, f.db.dsn)
+// openPG returns a Postgres Store for administration.
+func (a *app) openPG(ctx context.Context, f *storeFlags) (*pgxpool.Pool, *pgstore.Store, error) {
+	pool, err := a.openPool(ctx, &f.db)
 	if err != nil {
 		return nil, nil, err
 	}
-	st, err := pgstore.New(pool, pgstore.Config{Schema: f.db.schema, RecordsTable: f.records, DeadLettersTable: f.deadLetters, Fingerprinter: adminFingerprinter()})
+	st, err := pgstore.New(pool, f.pgConfig())
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -107,186 +80,299 @@ func (f *storeFlags) open(ctx context.Context) (*pgxpool.Pool, *pgstore.Store, e
 	return pool, st, nil
 }
 
-func parse(fs *flag.FlagSet, args []string, required map[string]*string) error {
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	for name, v := range required {
-		if *v == "" {
-			return fmt.Errorf("%s: -%s is required", fs.Name(), name)
-		}
-	}
-	return nil
+func (f *storeFlags) pgConfig() pgstore.Config {
+	return pgstore.Config{Schema: f.db.schema, RecordsTable: f.records, DeadLettersTable: f.deadLetters, Fingerprinter: adminFingerprinter()}
 }
 
-func runMigrate(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+// migrateFlags are the flags of `idemq migrate` and `idemq outbox migrate`
+// besides the table names: --print writes the SQL instead of applying it,
+// --check only verifies the version.
+type migrateFlags struct {
+	print, check bool
+	out          outputFormat
+}
+
+func (m *migrateFlags) register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.BoolVar(&m.print, "print", false, "print the versioned migration SQL (schema and table names filled in) for Flyway/goose/Atlas/psql instead of applying it; needs no database")
+	fs.BoolVar(&m.check, "check", false, "only check, read-only, that the schema version is current (exit 1 with what to run if not); needs no DDL rights")
+	cmd.MarkFlagsMutuallyExclusive("print", "check")
+	registerOutput(fs, &m.out)
+}
+
+// migrateResult is the JSON of migrate and outbox migrate.
+type migrateResult struct {
+	Schema string   `json:"schema"`
+	Tables []string `json:"tables"`
+	Action string   `json:"action"` // "migrated" or "checked"
+}
+
+func (a *app) printMigrate(out outputFormat, r migrateResult, text string) error {
+	if out == "json" {
+		return writeJSON(a.stdout, r)
+	}
+	_, err := fmt.Fprintln(a.stdout, text)
+	return err
+}
+
+func (a *app) migrateCommand() *cobra.Command {
 	var f storeFlags
-	f.register(fs)
 	var mf migrateFlags
-	mf.register(fs)
-	if err := parse(fs, args, nil); err != nil {
-		return err
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the consumption-record and dead-letter tables",
+		Long: `Create or upgrade the consumption-record and dead-letter tables in --schema.
+
+--print writes the versioned SQL instead (for Flyway, goose, Atlas or psql;
+it needs no database). --check only verifies, read-only, that the schema
+version is current: it needs no DDL rights and exits 1 naming what to run
+when the schema is missing or outdated.`,
+		Example: `  idemq migrate --dsn "$IDEMQ_DATABASE_URL" --schema idemq
+  idemq migrate --print --schema idemq > V1__idemq.sql
+  idemq migrate --check`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if mf.print {
+				if f.records == "" || f.deadLetters == "" || f.db.schema == "" {
+					return usagef("--schema, --records-table and --dead-letters-table must not be empty")
+				}
+				sql, err := pgstore.MigrationSQL(f.pgConfig())
+				if err != nil {
+					return usageError{err}
+				}
+				_, err = fmt.Fprint(a.stdout, sql)
+				return err
+			}
+			if err := a.checkStore(&f); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			pool, st, err := a.openPG(ctx, &f)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			r := migrateResult{Schema: f.db.schema, Tables: []string{f.records, f.deadLetters}, Action: "checked"}
+			if mf.check {
+				if err := st.CheckSchema(ctx); err != nil {
+					return err
+				}
+				return a.printMigrate(mf.out, r, fmt.Sprintf("consumption records and dead letters are current in schema %q", f.db.schema))
+			}
+			if err := st.Migrate(ctx); err != nil {
+				return err
+			}
+			r.Action = "migrated"
+			return a.printMigrate(mf.out, r, fmt.Sprintf("consumption records and dead letters migrated in schema %q", f.db.schema))
+		},
 	}
-	if err := f.postgresOnly("migrate"); err != nil {
-		return err
-	}
-	if mf.print {
-		return printRecordsSQL(os.Stdout, &f)
-	}
-	pool, st, err := f.open(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if mf.check {
-		if err := st.CheckSchema(ctx); err != nil {
-			return err
-		}
-		fmt.Printf("consumption records and dead letters are current in schema %q\n", f.db.schema)
-		return nil
-	}
-	if err := st.Migrate(ctx); err != nil {
-		return err
-	}
-	fmt.Printf("consumption records and dead letters migrated in schema %q\n", f.db.schema)
-	return nil
+	f.register(cmd, false)
+	mf.register(cmd)
+	return cmd
 }
 
-func runInspect(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
+func (a *app) inspectCommand() *cobra.Command {
 	var f storeFlags
-	f.register(fs)
 	var sf scopeFlags
-	sf.register(fs)
-	msgID := fs.String("message-id", "", "message ID, or an HTTP request's Idempotency-Key (or use -business-key)")
-	bk := fs.String("business-key", "", "business key")
-	showBody := fs.Bool("show-body", false, "HTTP request: also print the stored response body (never a sealed one)")
-	if err := parse(fs, args, nil); err != nil {
-		return err
+	var msgID, bk string
+	var showBody bool
+	cmd := &cobra.Command{
+		Use:   "inspect",
+		Short: "Show the consumption record of a message ID or business key, as JSON",
+		Long: `Show the consumption record of a message ID (--message-id) or business key
+(--business-key) in a scope, as one JSON object on stdout.
+
+For an HTTP request (the --http-* flags, or a scope starting with "http|")
+it adds the stored response's status, sealing, size and canonicalization
+version; its body only with --show-body, and never a sealed one.`,
+		Example: `  idemq inspect --scope payments --message-id m-09
+  idemq inspect --scope payments --business-key pay-42
+  idemq inspect --http-tenant acme --http-principal alice --http-method POST --http-route "POST /payments" --message-id K1`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			scope, err := sf.resolve(cmd, &f, false)
+			if err != nil {
+				return err
+			}
+			if (msgID == "") == (bk == "") {
+				return usagef("inspect: give exactly one of --message-id and --business-key")
+			}
+			if err := a.checkStore(&f); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if msgID != "" && f.redisURL == "" && isHTTPScope(scope) {
+				return a.inspectHTTP(ctx, &f, scope, msgID, showBody)
+			}
+			st, closeStore, err := a.admin(ctx, &f)
+			if err != nil {
+				return err
+			}
+			defer closeStore()
+			var r dedup.Record
+			if msgID != "" {
+				r, err = st.Lookup(ctx, scope, msgID)
+			} else {
+				r, err = st.LookupBusinessKey(ctx, scope, bk)
+			}
+			if err != nil {
+				return err
+			}
+			return writeJSON(a.stdout, r)
+		},
 	}
-	scope, err := sf.resolve(fs, &f, false)
-	if err != nil {
-		return err
-	}
-	if (*msgID == "") == (*bk == "") {
-		return errors.New("inspect: give exactly one of -message-id and -business-key")
-	}
-	if *msgID != "" && f.redisURL == "" && isHTTPScope(scope) {
-		return inspectHTTP(ctx, &f, scope, *msgID, *showBody)
-	}
-	st, closeStore, err := f.admin(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	var r dedup.Record
-	if *msgID != "" {
-		r, err = st.Lookup(ctx, scope, *msgID)
-	} else {
-		r, err = st.LookupBusinessKey(ctx, scope, *bk)
-	}
-	if err != nil {
-		return err
-	}
-	enc := json.NewEncoder(os.Stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(r)
+	f.register(cmd, true)
+	sf.register(cmd)
+	fs := cmd.Flags()
+	fs.StringVar(&msgID, "message-id", "", "message ID, or an HTTP request's Idempotency-Key (or use --business-key)")
+	fs.StringVar(&bk, "business-key", "", "business key")
+	fs.BoolVar(&showBody, "show-body", false, "HTTP request: also print the stored response body (never a sealed one)")
+	return cmd
 }
 
-func runDeadLetters(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("dead-letters", flag.ContinueOnError)
+func (a *app) redriveCommand() *cobra.Command {
 	var f storeFlags
-	f.register(fs)
 	var sf scopeFlags
-	sf.register(fs)
-	prefix := fs.String("scope-prefix", "", "list the dead letters of every scope starting with this instead of one -scope, e.g. 'http|' for all HTTP requests (Postgres only)")
-	after := fs.Int64("after", 0, "list dead letters with an id above this")
-	limit := fs.Int("limit", 100, "at most this many rows")
-	if err := parse(fs, args, nil); err != nil {
-		return err
-	}
-	scope, err := sf.resolve(fs, &f, *prefix != "")
-	if err != nil {
-		return err
-	}
-	if *prefix != "" && scope != "" {
-		return errors.New("dead-letters: give -scope-prefix or a scope (-scope, -http-*), not both")
-	}
-	st, closeStore, err := f.admin(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	var dls []dedup.DeadLetter
-	if *prefix != "" {
-		pl, ok := st.(prefixLister)
-		if !ok {
-			return errors.New("dead-letters: -scope-prefix is not for a Redis-only store (-redis): give its -scope")
-		}
-		dls, err = pl.DeadLettersByScopePrefix(ctx, *prefix, *after, *limit)
-	} else {
-		dls, err = st.DeadLetters(ctx, scope, *after, *limit)
-	}
-	if err != nil {
-		return err
-	}
-	// The tabwriter buffers the rows; Flush reports a failed write to stdout.
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	// REDRIVEN is "true" once the record was re-driven in place (redrive
-	// -message-id), or "as <derived message ID>" after redrive -as-new.
-	// SCOPE is listed with -scope-prefix only (else it is the one given).
-	head, scopeCol := "ID\tMESSAGE ID\tBUSINESS KEY\tREASON\tATTEMPTS\tREDRIVEN\tERROR", ""
-	if *prefix != "" {
-		head = "ID\tSCOPE\tMESSAGE ID\tBUSINESS KEY\tREASON\tATTEMPTS\tREDRIVEN\tERROR"
-	}
-	_, _ = fmt.Fprintln(w, head)
-	for _, d := range dls {
-		redriven := fmt.Sprint(d.RedrivenAt != nil)
-		if d.RedrivenAs != "" {
-			redriven = "as " + d.RedrivenAs
-		}
-		if *prefix != "" {
-			scopeCol = d.Scope + "\t"
-		}
-		_, _ = fmt.Fprintf(w, "%d\t%s%s\t%s\t%s\t%d\t%s\t%.80s\n", d.ID, scopeCol, d.MessageID, d.BusinessKey, d.Reason, d.Attempts, redriven, d.Error)
-	}
-	return w.Flush()
-}
-
-func runRedrive(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("redrive", flag.ContinueOnError)
-	var f storeFlags
-	f.register(fs)
-	var sf scopeFlags
-	sf.register(fs)
-	msgID := fs.String("message-id", "", "message ID (an HTTP request's Idempotency-Key) of the FAILED_FINAL record (not with -as-new)")
+	var msgID string
 	var an asNewFlags
-	an.register(fs)
-	if err := parse(fs, args, nil); err != nil {
-		return err
+	cmd := &cobra.Command{
+		Use:   "redrive",
+		Short: "Make one FAILED_FINAL record retryable again, or re-drive a conflict's dead letter as a new message",
+		Long: `Make the FAILED_FINAL record of --message-id in a scope FAILED_RETRYABLE: its
+next delivery runs the handler again.
+
+With --as-new --id N, re-drive the conflict's dead letter N as a new message
+instead: an audit row is written and the dead letter is published under the
+message ID "<message ID>#redrive-<N>" to --broker (a payload conflict needs
+--force). For many dead letters at once, by scope, reason or time, see
+'idemq dead-letters redrive'.`,
+		Example: `  idemq redrive --scope payments --message-id m-09
+  idemq redrive --as-new --scope payments --id 42 --kafka-brokers kafka:9092`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			scope, err := sf.resolve(cmd, &f, false)
+			if err != nil {
+				return err
+			}
+			if an.asNew {
+				if msgID != "" {
+					return usagef("redrive: --as-new re-drives one dead letter: give its --id (see idemq dead-letters list), not --message-id")
+				}
+				if err := an.check(); err != nil {
+					return err
+				}
+				if err := a.checkStore(&f); err != nil {
+					return err
+				}
+				return a.redriveAsNew(cmd.Context(), &an, &f, scope)
+			}
+			if msgID == "" {
+				return usagef("redrive: --message-id is required (or --as-new --id N for a conflict's dead letter)")
+			}
+			if err := a.checkStore(&f); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			st, closeStore, err := a.admin(ctx, &f)
+			if err != nil {
+				return err
+			}
+			defer closeStore()
+			if err := st.Redrive(ctx, scope, msgID); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s/%s is FAILED_RETRYABLE: its next delivery runs the handler again\n", scope, msgID)
+			return err
+		},
 	}
-	scope, err := sf.resolve(fs, &f, false)
+	f.register(cmd, true)
+	sf.register(cmd)
+	cmd.Flags().StringVar(&msgID, "message-id", "", "message ID (an HTTP request's Idempotency-Key) of the FAILED_FINAL record (not with --as-new)")
+	an.register(cmd)
+	return cmd
+}
+
+func (a *app) purgeCommand() *cobra.Command {
+	var f storeFlags
+	var batch int
+	var deadLetters bool
+	var olderThan, every time.Duration
+	var out outputFormat
+	cmd := &cobra.Command{
+		Use:   "purge",
+		Short: "Delete expired consumption records (--dead-letters: old dead letters)",
+		Long: `Delete the expired consumption records, or with --dead-letters the dead
+letters created longer ago than --older-than (with their re-drive audit
+rows), in bounded statements, with a progress line on stderr.
+
+Interrupted (SIGINT/SIGTERM), it reports how many rows it deleted (the
+statement in flight rolls back) and exits 1. Postgres only: a Redis-only
+store expires its records itself.`,
+		Example: `  idemq purge --batch 5000
+  idemq purge --dead-letters --older-than 720h`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case batch < 1 || batch > 100000:
+				return usagef("--batch %d must be 1 to 100000", batch)
+			case olderThan < time.Minute:
+				return usagef("--older-than %s must be at least 1m", olderThan)
+			case !deadLetters && cmd.Flags().Changed("older-than"):
+				return usagef("--older-than is for --dead-letters (records carry their own expiry)")
+			case every < 0:
+				return usagef("--progress %s must not be negative", every)
+			}
+			if err := a.checkStore(&f); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			pool, st, err := a.openPG(ctx, &f)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			p := newProgress(a.stderr, every)
+			o := pgstore.PurgeOptions{Batch: batch, OlderThan: olderThan, Progress: p.step}
+			what := "expired records"
+			var n int64
+			if deadLetters {
+				what = fmt.Sprintf("dead letters older than %s", olderThan)
+				n, err = st.PurgeDeadLetters(ctx, o)
+			} else {
+				n, err = st.PurgeRecords(ctx, o)
+			}
+			return a.purgeDone(ctx, out, "purge", what, n, p, err)
+		},
+	}
+	f.register(cmd, false)
+	fs := cmd.Flags()
+	fs.IntVar(&batch, "batch", pgstore.DefaultPurgeBatch, "rows read per statement (the expired ones among them are deleted); 1 to 100000")
+	fs.BoolVar(&deadLetters, "dead-letters", false, "purge dead letters older than --older-than (with their re-drive audit rows) instead of expired records")
+	fs.DurationVar(&olderThan, "older-than", pgstore.DefaultDeadLetterRetention, "with --dead-letters: delete dead letters created longer ago than this (at least 1m)")
+	fs.DurationVar(&every, "progress", time.Second, "print the rows deleted so far and the rate on stderr at most this often (0: after every statement that deleted rows)")
+	registerOutput(fs, &out)
+	return cmd
+}
+
+// purgeResult is the JSON summary of the purges.
+type purgeResult struct {
+	Deleted int64   `json:"deleted"`
+	What    string  `json:"what"`
+	Seconds float64 `json:"seconds"`
+}
+
+// purgeDone reports a purge: the summary on stdout, or, when it failed or
+// was interrupted, what it deleted before in the error (exit 1).
+func (a *app) purgeDone(ctx context.Context, out outputFormat, verb, what string, n int64, p *progress, err error) error {
 	if err != nil {
-		return err
-	}
-	if an.asNew {
-		if *msgID != "" {
-			return errors.New("redrive: -as-new re-drives one dead letter: give its -id (see idemq dead-letters), not -message-id")
+		if ctx.Err() != nil || errors.Is(err, context.Canceled) { // SIGINT/SIGTERM: the statement in flight rolled back
+			return fmt.Errorf("%s interrupted: %d %s deleted before it stopped (%s)", verb, n, what, p.rate(n))
 		}
-		return an.run(ctx, &f, scope)
+		return fmt.Errorf("%s failed after deleting %d %s: %w", verb, n, what, err)
 	}
-	if *msgID == "" {
-		return errors.New("redrive: -message-id is required (or -as-new -id N for a conflict's dead letter)")
+	if out == "json" {
+		return writeJSON(a.stdout, purgeResult{Deleted: n, What: what, Seconds: time.Since(p.start).Seconds()})
 	}
-	st, closeStore, err := f.admin(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	if err := st.Redrive(ctx, scope, *msgID); err != nil {
-		return err
-	}
-	fmt.Printf("%s/%s is FAILED_RETRYABLE: its next delivery runs the handler again\n", scope, *msgID)
-	return nil
+	_, err = fmt.Fprintf(a.stdout, "purged %d %s (%s)\n", n, what, p.rate(n))
+	return err
 }

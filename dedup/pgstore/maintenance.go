@@ -15,7 +15,7 @@ import (
 
 // DefaultDeadLetterRetention is how long dead letters are kept when
 // MaintenanceConfig.DeadLetterRetention is 0, and the default of
-// `idemq purge -dead-letters -older-than`: 30 days, the default
+// `idemq purge --dead-letters --older-than`: 30 days, the default
 // Config.FailedFinalRetention.
 const DefaultDeadLetterRetention = 30 * 24 * time.Hour
 

@@ -37,7 +37,7 @@ func (e *SchemaError) Error() string {
 	if e.Missing {
 		what = fmt.Sprintf("missing (no version table %q, want version %d)", e.VersionTable, e.Want)
 	}
-	return fmt.Sprintf("idemq: consumption-record schema %q is %s: run `idemq migrate -schema %s` (or Store.Migrate) with a role that may run DDL, or apply `idemq migrate -print -schema %s` with your migration tool",
+	return fmt.Sprintf("idemq: consumption-record schema %q is %s: run `idemq migrate --schema %s` (or Store.Migrate) with a role that may run DDL, or apply `idemq migrate --print --schema %s` with your migration tool",
 		e.Schema, what, e.Schema, e.Schema)
 }
 

@@ -534,8 +534,8 @@ func summarize(ctx context.Context, pool *pgxpool.Pool, schema string, stories m
 		return err
 	}
 	fmt.Printf("\nthe schema %s is kept for a look (the HTTP records are consumption records; scope: tenant|principal|method|route):\n"+
-		"  go run ./cmd/idemq dead-letters -schema %s -scope '%s'\n"+
-		"  go run ./cmd/idemq inspect -schema %s -scope '%s' -message-id %s\n  (drop it with: drop schema %s cascade)\n",
+		"  go run ./cmd/idemq dead-letters list --schema %s --scope '%s'\n"+
+		"  go run ./cmd/idemq inspect --schema %s --scope '%s' --message-id %s\n  (drop it with: drop schema %s cascade)\n",
 		schema, schema, scope, schema, scope, keyAmount, schema)
 	return nil
 }

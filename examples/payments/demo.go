@@ -389,7 +389,7 @@ func summarize(ctx context.Context, pool *pgxpool.Pool, schema, topic string, ms
 		return errors.New("idemq invariants failed")
 	}
 	fmt.Printf("invariants (idemq): OK: every payment applied once, balances exact, %d dead letters kept, crash absorbed\n", dl[dedup.ReasonPermanentError]+dl[dedup.ReasonPayloadConflict])
-	fmt.Printf("\nthe schema %s is kept for a look:\n  go run ./cmd/idemq dead-letters -schema %s -scope %s\n  go run ./cmd/idemq inspect -schema %s -scope %s -message-id m-09\n  (drop it with: drop schema %s cascade)\n",
+	fmt.Printf("\nthe schema %s is kept for a look:\n  go run ./cmd/idemq dead-letters list --schema %s --scope %s\n  go run ./cmd/idemq inspect --schema %s --scope %s --message-id m-09\n  (drop it with: drop schema %s cascade)\n",
 		schema, schema, sides["idemq"].group, schema, sides["idemq"].group, schema)
 	return nil
 }
