@@ -202,7 +202,9 @@ ensure_packages() {
         pg_bindir >/dev/null || pkgs+=(postgresql)
         command -v psql >/dev/null || pkgs+=(postgresql-client) ;;
       redis) command -v redis-server >/dev/null && command -v redis-cli >/dev/null || pkgs+=(redis-server redis-tools) ;;
-      kafka | rocketmq) need_java=1 ;;
+      kafka) need_java=1
+        command -v openssl >/dev/null || pkgs+=(openssl) ;; # the SASL_SSL listener's test certificates
+      rocketmq) need_java=1 ;;
     esac
   done
   if [[ -n $need_java ]]; then
