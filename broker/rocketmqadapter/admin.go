@@ -36,21 +36,10 @@ func EnsureTopic(ctx context.Context, nameServers []string, brokerAddr, topic st
 		admin.WithReadQueueNums(queues), admin.WithWriteQueueNums(queues)); err != nil {
 		return fmt.Errorf("idemq/rocketmqadapter: create topic %s on %s: %w", topic, brokerAddr, err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	return waitForRoute(ctx, nameServers, topic, func() (bool, error) {
 		mqs, err := adm.FetchPublishMessageQueues(ctx, topic)
-		if err == nil && len(mqs) > 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("idemq/rocketmqadapter: topic %s has no route on %v after 30s (last error: %v)", topic, nameServers, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+		return err == nil && len(mqs) > 0, err
+	})
 }
 
 // EnsureTopicWithCredentials is EnsureTopic for an ACL-enabled broker: the
@@ -82,10 +71,20 @@ func EnsureTopicWithCredentials(ctx context.Context, nameServers []string, broke
 	if _, err := call(ctx, brokerAddr, "UPDATE_AND_CREATE_TOPIC "+topic, reqUpdateAndCreateTopic, ext, nil, cred); err != nil {
 		return fmt.Errorf("idemq/rocketmqadapter: create topic %s on %s as %q: %w", topic, brokerAddr, cred.AccessKey, err)
 	}
+	return waitForRoute(ctx, nameServers, topic, func() (bool, error) {
+		ms, err := masterBrokers(ctx, nameServers, topic, cred)
+		return err == nil && len(ms) > 0, err
+	})
+}
+
+// waitForRoute polls routed every 200ms until it reports the topic routed,
+// for up to 30s (a NameServer learns a new topic at the broker's next
+// registration), or until ctx ends.
+func waitForRoute(ctx context.Context, nameServers []string, topic string, routed func() (bool, error)) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		ms, err := masterBrokers(ctx, nameServers, topic, cred)
-		if err == nil && len(ms) > 0 {
+		ok, err := routed()
+		if ok {
 			return nil
 		}
 		if time.Now().After(deadline) {
