@@ -187,4 +187,39 @@ func TestRocketMQACL(t *testing.T) {
 		})
 		rr.stop(t)
 	})
+
+	// The CLI on the same cluster: `idemq relay --once --broker rocketmq`
+	// with --rocketmq-access-key and the secret from
+	// IDEMQ_ROCKETMQ_SECRET_KEY publishes every row; a wrong secret exits 1,
+	// parks nothing and shows no secret.
+	t.Run("CLIRelayOnce", func(t *testing.T) {
+		bin := buildExample(t, "github.com/idemq/idemq/cmd/idemq")
+		co := setupOutbox(t)
+		run := func(secret string, n int) (string, string, int) {
+			t.Helper()
+			co.addRows(t, topic, n, 2, "acl-cli")
+			out, errOut, code := cliRunEnv(t, bin, []string{"IDEMQ_ROCKETMQ_SECRET_KEY=" + secret},
+				"relay", "--once", "--dsn", postgresDSN(t), "--schema", co.schema, "--broker", "rocketmq",
+				"--rocketmq-namesrv", strings.Join(c.nameServers, ","), "--rocketmq-access-key", c.admin.AccessKey,
+				"--max-attempts", "1", "--publish-timeout", "15s")
+			if strings.Contains(out+errOut, c.admin.SecretKey) {
+				t.Fatalf("the secret key is in the output:\n%s%s", out, errOut)
+			}
+			return out, errOut, code
+		}
+		out, errOut, code := run(wrong.SecretKey, 4)
+		if code != 1 || !strings.Contains(out, "published 0\n") {
+			t.Fatalf("relay --once, wrong secret: exit %d, want 1\n%s%s", code, out, errOut)
+		}
+		if st := co.stats(t); st.Parked != 0 || st.Failing != 0 || st.Pending != 4 {
+			t.Fatalf("outbox after the refused publishes: %+v; want 4 pending, none failing or parked", st)
+		}
+		out, errOut, code = run(c.admin.SecretKey, 6)
+		if code != 0 || !strings.Contains(out, "published 10\n") || !strings.Contains(out, "pending 0\n") {
+			t.Fatalf("relay --once, right credentials: exit %d\n%s%s", code, out, errOut)
+		}
+		if st := co.stats(t); st.Published != 10 || st.Pending != 0 || st.Parked != 0 {
+			t.Fatalf("outbox after the drain: %+v; want 10 published", st)
+		}
+	})
 }

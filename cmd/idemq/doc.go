@@ -70,7 +70,22 @@
 // --outage-backoff-max, --max-error-bytes, --retention, --no-purge,
 // --purge-interval, --purge-batch, --shutdown-grace); the broker flags
 // (--broker, --kafka-brokers, --create-topics, --partitions,
-// --rocketmq-namesrv) live in brokerFlags, shared with redrive --as-new.
+// --rocketmq-namesrv) live in brokerFlags, shared with redrive --as-new,
+// with the broker security flags (brokerSecFlags): Kafka TLS
+// (--kafka-tls, --kafka-tls-ca, --kafka-tls-cert, --kafka-tls-key,
+// --kafka-tls-server-name, --kafka-tls-insecure-skip-verify for tests only)
+// and SASL (--kafka-sasl-mechanism plain|scram-sha-256|scram-sha-512,
+// --kafka-sasl-user, the password from IDEMQ_KAFKA_SASL_PASSWORD or
+// --kafka-sasl-password-file), which make a kafkasec.Config whose
+// Transport carries every Kafka request (--create-topics included); and
+// RocketMQ ACL credentials (--rocketmq-access-key or
+// IDEMQ_ROCKETMQ_ACCESS_KEY, the secret key from IDEMQ_ROCKETMQ_SECRET_KEY
+// or --rocketmq-secret-key-file) for rocketmqpub.Config.Credentials.
+// Secrets are never flag values and never printed; an inconsistent
+// setting (a mechanism without user or password, a certificate without
+// its key, a Kafka flag with --broker rocketmq, ...) exits 2 before any
+// connection. relay --once's error ends with the publisher's last error
+// (e.g. kafkasec.ErrAuthentication's "SASL authentication refused").
 // --metrics-addr serves /metrics (the relay's and the outbox's collectors,
 // with the Go and process collectors, on a registry of its own), /healthz
 // (200 while the process is up) and /readyz (200 while the relay runs and

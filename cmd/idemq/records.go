@@ -258,7 +258,7 @@ message ID "<message ID>#redrive-<N>" to --broker (a payload conflict needs
 				if msgID != "" {
 					return usagef("redrive: --as-new re-drives one dead letter: give its --id (see idemq dead-letters list), not --message-id")
 				}
-				if err := an.check(); err != nil {
+				if err := an.check(a); err != nil {
 					return err
 				}
 				if err := a.checkStore(&f); err != nil {

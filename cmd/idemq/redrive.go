@@ -39,14 +39,14 @@ func (an *asNewFlags) register(cmd *cobra.Command) {
 }
 
 // check validates the --as-new flags (usage errors).
-func (an *asNewFlags) check() error {
+func (an *asNewFlags) check(a *app) error {
 	switch {
 	case an.id <= 0:
 		return usagef("redrive --as-new: --id of the dead letter is required (see idemq dead-letters list)")
 	case an.header == "":
 		return usagef("redrive --as-new: --message-id-header must not be empty")
 	}
-	return an.broker.check()
+	return an.broker.check(a)
 }
 
 // redriveAsNew re-drives dead letter an.id of scope as a new message and

@@ -30,15 +30,15 @@ type closingPublisher interface {
 }
 
 // brokerFlags are every broker connection flag of the CLI (relay, and
-// redrive --as-new), in one place: register, check and publisher are where
-// Kafka TLS/SASL (kafkapub.Config.Transport) and RocketMQ ACL
-// (rocketmqpub.Config) settings go.
+// redrive --as-new), in one place, Kafka TLS/SASL (kafkapub.Config.Transport)
+// and RocketMQ ACL credentials (rocketmqpub.Config.Credentials) included.
 type brokerFlags struct {
 	broker       string
 	kafkaBrokers string
 	namesrv      string
 	createTopics bool
 	partitions   int
+	sec          brokerSecFlags
 }
 
 func (b *brokerFlags) register(fs *pflag.FlagSet, forRelay bool) {
@@ -53,10 +53,12 @@ func (b *brokerFlags) register(fs *pflag.FlagSet, forRelay bool) {
 		fs.BoolVar(&b.createTopics, "create-topics", false, "Kafka: create missing topics before publishing to them")
 		fs.IntVar(&b.partitions, "partitions", 1, "Kafka: partitions of topics made by --create-topics")
 	}
+	b.sec.register(fs)
 }
 
-// check validates the broker flags (usage errors).
-func (b *brokerFlags) check() error {
+// check validates the broker flags (usage errors) and resolves the
+// broker secrets (a remembers them for redaction).
+func (b *brokerFlags) check(a *app) error {
 	switch b.broker {
 	case "kafka":
 		if len(splitList(b.kafkaBrokers)) == 0 {
@@ -72,15 +74,20 @@ func (b *brokerFlags) check() error {
 	default:
 		return usagef("--broker %q: want kafka or rocketmq", b.broker)
 	}
-	return nil
+	return b.sec.check(a, b.broker)
 }
 
-// publisher makes the publisher the flags name (after check).
+// publisher makes the publisher the flags name (after check). Kafka's
+// Transport (nil when PLAINTEXT) also carries --create-topics' requests.
 func (b *brokerFlags) publisher() (closingPublisher, error) {
 	if b.broker == "rocketmq" {
-		return rocketmqpub.New(rocketmqpub.Config{NameServers: splitList(b.namesrv)})
+		return rocketmqpub.New(rocketmqpub.Config{NameServers: splitList(b.namesrv), Credentials: b.sec.cred})
 	}
-	return kafkapub.New(kafkapub.Config{Brokers: splitList(b.kafkaBrokers), CreateTopics: b.createTopics, TopicPartitions: b.partitions})
+	rt, err := b.sec.sec.Transport()
+	if err != nil {
+		return nil, err
+	}
+	return kafkapub.New(kafkapub.Config{Brokers: splitList(b.kafkaBrokers), Transport: rt, CreateTopics: b.createTopics, TopicPartitions: b.partitions})
 }
 
 // outboxFlags name the outbox table.
@@ -215,7 +222,8 @@ broker failed (those rows are retried by a later run).
 outbox's rows and lag), /healthz (the process is up) and /readyz (the relay
 is running and its outbox table answers).`,
 		Example: `  idemq relay --dsn "$IDEMQ_DATABASE_URL" --kafka-brokers kafka:9092 --metrics-addr :9464 --log-format json
-  idemq relay --once --broker rocketmq --rocketmq-namesrv ns:9876`,
+  idemq relay --once --broker rocketmq --rocketmq-namesrv ns:9876
+  IDEMQ_KAFKA_SASL_PASSWORD=… idemq relay --kafka-brokers kafka:9094 --kafka-tls-ca ca.pem --kafka-sasl-mechanism scram-sha-512 --kafka-sasl-user relay`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := lf.logger(a.stderr)
@@ -225,7 +233,7 @@ is running and its outbox table answers).`,
 			if lf.format == "json" {
 				a.logger = log
 			}
-			if err := b.check(); err != nil {
+			if err := b.check(a); err != nil {
 				return err
 			}
 			if cfg.DisablePurge {
@@ -264,19 +272,20 @@ is running and its outbox table answers).`,
 				return err
 			}
 			defer func() { _ = pub.Close() }() // the relay has stopped: nothing is left to publish
+			pub, lastErr := withLastErr(pub)
 			r, err := outbox.NewRelay(ob, pub, cfg)
 			if err != nil {
 				return err
 			}
 			pc, _ := a.poolConfig(&d.dbFlags)
-			log.InfoContext(ctx, "idemq: relay starting", "database", redactedDSN(pc), "schema", d.schema, "table", d.table, "broker", b.broker, "once", once)
+			log.InfoContext(ctx, "idemq: relay starting", "database", redactedDSN(pc), "schema", d.schema, "table", d.table, "broker", b.broker, "broker_security", b.sec.describe(b.broker), "once", once)
 			if migrate {
 				if err := ob.Migrate(ctx); err != nil {
 					return err
 				}
 			}
 			if once {
-				return a.drain(ctx, r, ob, out)
+				return a.drain(ctx, r, ob, out, lastErr)
 			}
 			if metricsAddr != "" {
 				stop, err := serveMetrics(ctx, metricsAddr, r, ob, log)
@@ -359,9 +368,10 @@ type drainResult struct {
 // nothing (every row of it failed: the broker is likely down, and the rows'
 // retries are scheduled for a later run). Failed rows are recorded as under
 // Run (retry time, attempts, parking). It prints the totals and the rows
-// still pending, and fails (exit 1) when the broker failed a publish, on the
+// still pending, and fails (exit 1) when the broker failed a publish (the
+// error ends with lastErr's, the publisher's last error), on the
 // first database error, or when ctx ends.
-func (a *app) drain(ctx context.Context, r *outbox.Relay, ob *outbox.Outbox, out outputFormat) error {
+func (a *app) drain(ctx context.Context, r *outbox.Relay, ob *outbox.Outbox, out outputFormat, lastErr func() error) error {
 	var total drainResult
 	for {
 		if err := ctx.Err(); err != nil {
@@ -396,7 +406,11 @@ func (a *app) drain(ctx context.Context, r *outbox.Relay, ob *outbox.Outbox, out
 		return err
 	}
 	if total.Failed > 0 || total.Unavailable > 0 {
-		return fmt.Errorf("relay --once: the broker failed %d publishes; %d rows stay pending (a later run retries them)", total.Failed+total.Unavailable, total.Pending)
+		err := fmt.Errorf("relay --once: the broker failed %d publishes; %d rows stay pending (a later run retries them)", total.Failed+total.Unavailable, total.Pending)
+		if last := lastErr(); last != nil {
+			err = fmt.Errorf("%w; last error: %w", err, last)
+		}
+		return err
 	}
 	return nil
 }
