@@ -28,6 +28,9 @@ type Relay struct {
 	log *slog.Logger
 
 	running atomic.Bool
+	// serving is set once Run passed its start checks (schema, probe) and
+	// its workers run; Ready reads it.
+	serving atomic.Bool
 	wakeMu  sync.Mutex
 	wakes   []chan struct{}
 	// listening is true while the LISTEN connection is up: only then may
@@ -149,6 +152,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	if _, err := r.ob.pool.Exec(ctx, r.ob.q.probeSQL); err != nil {
 		return fmt.Errorf("idemq/outbox: relay: outbox table %s: %w", r.ob.q.table, err)
 	}
+	r.serving.Store(true)
+	defer r.serving.Store(false)
 
 	// work outlives ctx by ShutdownGrace so in-flight batches can finish.
 	work, release := grace.Work(ctx, r.cfg.ShutdownGrace)
