@@ -478,7 +478,12 @@ func TestCLIDeadLetterVerbs(t *testing.T) {
 	if !strings.HasPrefix(out, "purged 0 dead letters older than 1h0m0s") {
 		t.Fatalf("purge --older-than 1h:\n%s", out)
 	}
-	e.exec(`update `+e.table("dead_letters")+` set created_at = now() - interval '2 hours' where id = $1`, byID["o-2"].ID)
+	// m-1, republished twice: its audit rows go with it.
+	audit := e.table("dead_letters_republishes")
+	if n := e.count(`select count(*) from `+audit+` where dead_letter_id = $1`, m1.ID); n != 2 {
+		t.Fatalf("%d republish audit rows of m-1, want 2", n)
+	}
+	e.exec(`update `+e.table("dead_letters")+` set created_at = now() - interval '2 hours' where id = $1`, m1.ID)
 	var pr struct {
 		Deleted int64 `json:"deleted"`
 	}
@@ -486,9 +491,16 @@ func TestCLIDeadLetterVerbs(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &pr); err != nil || pr.Deleted != 1 {
 		t.Fatalf("purge of the old one: %+v %v\n%s", pr, err, out)
 	}
-	if got := messageIDs(c.list()); got != "o-1,o-3,m-1,m-2" {
+	if got := messageIDs(c.list()); got != "o-1,o-2,o-3,m-2" {
 		t.Fatalf("after the purge: %s", got)
 	}
+	if n := e.count(`select count(*) from `+audit+` where dead_letter_id = $1`, m1.ID); n != 0 {
+		t.Fatalf("%d republish audit rows of the purged m-1 left", n)
+	}
+	if n := e.count(`select count(*) from ` + audit); n != 2 {
+		t.Fatalf("%d republish audit rows left, want those of m-2 and o-1", n)
+	}
+	c.fails(1, "not found", "republish", id, "--topic", "mail-replay")
 	c.fails(2, "--older-than", "purge", "--older-than", "1s")
 }
 

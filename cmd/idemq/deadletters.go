@@ -281,7 +281,8 @@ func (a *app) dlListCommand() *cobra.Command {
 		Use:   "list",
 		Short: "List dead letters, oldest first, by scope, reason, time and re-drive state",
 		Long: `List dead letters in ID order (oldest first), at most --limit; continue with
---after-id set to the last ID. The SCOPE column is shown unless one --scope is
+--after-id set to the last ID. (A Redis-only store numbers IDs per scope:
+a page holds every dead letter of its last ID, so it may hold a few more.) The SCOPE column is shown unless one --scope is
 given; REDRIVEN is "true" once re-driven in place, "as <message ID>" after a
 re-drive as new. -o json gives each dead letter without its payload (see
 show and export), with payload_bytes.`,
@@ -389,7 +390,7 @@ and whose stdout is shown (e.g. 'protoc --decode=Order order.proto').
 On a Redis-only store IDs are numbered per scope, so two scopes may share
 one: then give --scope.`,
 		Example: `  idemq dead-letters show 42 --decode json
-  idemq dead-letters show 1764590000123000 --scope payments --redis redis://localhost:6379/0
+  idemq dead-letters show 1764590000123000000 --scope payments --redis redis://localhost:6379/0
   idemq dead-letters show 42 --decode-cmd 'protoc --decode=pay.Order pay.proto' -o json`,
 		Args: exactArgs(1, "the dead letter's ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
