@@ -487,9 +487,9 @@ func TestCLIDeadLetterVerbs(t *testing.T) {
 	var pr struct {
 		Deleted int64 `json:"deleted"`
 	}
-	out = c.ok("purge", "--older-than", "1h", "-o", "json")
-	if err := json.Unmarshal([]byte(out), &pr); err != nil || pr.Deleted != 1 {
-		t.Fatalf("purge of the old one: %+v %v\n%s", pr, err, out)
+	out, errOut, code := c.run("purge", "--older-than", "1h", "--progress", "0", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &pr); err != nil || code != 0 || pr.Deleted != 1 || !strings.Contains(errOut, "purge: 1 rows deleted") {
+		t.Fatalf("purge of the old one: exit %d, %+v %v\n%s%s", code, pr, err, out, errOut)
 	}
 	if got := messageIDs(c.list()); got != "o-1,o-2,o-3,m-2" {
 		t.Fatalf("after the purge: %s", got)
