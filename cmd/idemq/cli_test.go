@@ -294,7 +294,11 @@ func (f *fakeDL) RedriveDeadLetters(_ context.Context, flt DeadLetterFilter, o R
 		o.Progress(f.summary.Matched/2, f.summary.Matched)
 		o.Progress(f.summary.Matched, f.summary.Matched)
 	}
-	return f.summary, f.redriveErr
+	s := f.summary
+	if o.DryRun { // as the stores: a dry run releases nothing
+		s.Redriven = 0
+	}
+	return s, f.redriveErr
 }
 
 func (f *fakeDL) RepublishDeadLetter(_ context.Context, _ int64, o RepublishOptions) (RepublishResult, error) {
@@ -531,7 +535,7 @@ func TestDeadLettersRedrive(t *testing.T) {
 	}
 	r = cli(t, nil, f, append([]string{"dead-letters", "redrive", "--all", "--dry-run", "-o", "json"}, dsnArgs...)...)
 	var js redriveJSON
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &js) != nil || js != (redriveJSON{Matched: 10, Redriven: 8, Skipped: 2, DryRun: true}) || !f.redrive[1].DryRun {
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &js) != nil || js != (redriveJSON{Matched: 10, WouldRedrive: 8, Skipped: 2, DryRun: true}) || !f.redrive[1].DryRun {
 		t.Fatalf("redrive --all --dry-run -o json: %v", r)
 	}
 	f.redriveErr, f.summary = errors.New("connection reset"), RedriveSummary{Matched: 4, Redriven: 2}

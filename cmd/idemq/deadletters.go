@@ -281,7 +281,8 @@ func (a *app) dlListCommand() *cobra.Command {
 		Use:   "list",
 		Short: "List dead letters, oldest first, by scope, reason, time and re-drive state",
 		Long: `List dead letters in ID order (oldest first), at most --limit; continue with
---after-id set to the last ID. The SCOPE column is shown unless one --scope is
+--after-id set to the last ID. (A Redis-only store numbers IDs per scope:
+a page holds every dead letter of its last ID, so it may hold a few more.) The SCOPE column is shown unless one --scope is
 given; REDRIVEN is "true" once re-driven in place, "as <message ID>" after a
 re-drive as new. -o json gives each dead letter without its payload (see
 show and export), with payload_bytes.`,
@@ -377,7 +378,7 @@ type showJSON struct {
 func (a *app) dlShowCommand() *cobra.Command {
 	var f storeFlags
 	var out outputFormat
-	var decode, decodeCmd string
+	var decode, decodeCmd, scope string
 	cmd := &cobra.Command{
 		Use:   "show ID",
 		Short: "Show one dead letter: payload, headers, error, attempts, timestamps",
@@ -385,8 +386,11 @@ func (a *app) dlShowCommand() *cobra.Command {
 its class, attempts, topic, key, headers, source, timestamps and re-drive
 state, and the payload decoded by --decode (auto: as text when UTF-8, else
 base64), or by --decode-cmd, a shell command that gets the payload on stdin
-and whose stdout is shown (e.g. 'protoc --decode=Order order.proto').`,
+and whose stdout is shown (e.g. 'protoc --decode=Order order.proto').
+On a Redis-only store IDs are numbered per scope, so two scopes may share
+one: then give --scope.`,
 		Example: `  idemq dead-letters show 42 --decode json
+  idemq dead-letters show 1764590000123000000 --scope payments --redis redis://localhost:6379/0
   idemq dead-letters show 42 --decode-cmd 'protoc --decode=pay.Order pay.proto' -o json`,
 		Args: exactArgs(1, "the dead letter's ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -410,10 +414,13 @@ and whose stdout is shown (e.g. 'protoc --decode=Order order.proto').`,
 			if !ok {
 				return errNoDeadLetterAPI("DeadLetter")
 			}
-			d, err := ds.DeadLetter(ctx, id)
+			d, err := showDeadLetter(ctx, ds, id, scope)
 			if err != nil {
 				if errors.Is(err, dedup.ErrNotFound) {
 					return fmt.Errorf("dead letter %d: %w", id, err)
+				}
+				if isRedis, _ := f.useRedis(); isRedis && scope == "" {
+					return fmt.Errorf("%w (if the ID is in several scopes, give --scope)", err)
 				}
 				return err
 			}
@@ -437,8 +444,24 @@ and whose stdout is shown (e.g. 'protoc --decode=Order order.proto').`,
 	fs := cmd.Flags()
 	fs.StringVar(&decode, "decode", "auto", "how to show the payload: "+strings.Join(decodings, ", "))
 	fs.StringVar(&decodeCmd, "decode-cmd", "", "decode the payload with this shell command (payload on its stdin, its stdout shown)")
+	fs.StringVar(&scope, "scope", "", "only the dead letter ID of this scope (a Redis-only store numbers IDs per scope: two scopes may share one)")
 	registerOutput(fs, &out)
 	return cmd
+}
+
+// showDeadLetter is the dead letter id, of scope when scope is not "".
+func showDeadLetter(ctx context.Context, ds deadLetterStore, id int64, scope string) (dedup.DeadLetter, error) {
+	if scope == "" {
+		return ds.DeadLetter(ctx, id)
+	}
+	dls, err := ds.ScanDeadLetters(ctx, DeadLetterFilter{Scope: scope, AfterID: id - 1, Limit: 1})
+	if err != nil {
+		return dedup.DeadLetter{}, err
+	}
+	if len(dls) == 0 || dls[0].ID != id {
+		return dedup.DeadLetter{}, fmt.Errorf("%w: no dead letter %d in scope %q", dedup.ErrNotFound, id, scope)
+	}
+	return dls[0], nil
 }
 
 // runDecoder pipes payload to sh -c command and returns its stdout.
@@ -586,12 +609,14 @@ func exportDeadLetters(ctx context.Context, ds deadLetterStore, f DeadLetterFilt
 	}
 }
 
-// redriveJSON is dead-letters redrive's JSON summary.
+// redriveJSON is dead-letters redrive's JSON summary. On a dry run
+// Redriven is 0 and WouldRedrive is Matched - Skipped.
 type redriveJSON struct {
-	Matched  int64 `json:"matched"`
-	Redriven int64 `json:"redriven"`
-	Skipped  int64 `json:"skipped"`
-	DryRun   bool  `json:"dry_run"`
+	Matched      int64 `json:"matched"`
+	Redriven     int64 `json:"redriven"`
+	WouldRedrive int64 `json:"would_redrive,omitempty"`
+	Skipped      int64 `json:"skipped"`
+	DryRun       bool  `json:"dry_run"`
 }
 
 func (a *app) dlRedriveCommand() *cobra.Command {
@@ -609,7 +634,8 @@ the filters select: FAILED_FINAL records become FAILED_RETRYABLE, so their
 next delivery runs the handler again. It works in bounded transactions
 (--batch), is idempotent (a second run re-drives nothing new) and prints
 its progress on stderr and the summary (matched, redriven, skipped) on
-stdout. --dry-run only counts. Without any filter it needs --all.`,
+stdout. --dry-run changes nothing and prints matched, would redrive and
+skipped instead. Without any filter it needs --all.`,
 		Example: `  idemq dead-letters redrive --scope payments --reason attempts_exhausted --since 6h --dry-run
   idemq dead-letters redrive --scope payments --since 2026-12-01T08:00:00Z --until 2026-12-01T09:00:00Z`,
 		Args: noArgs,
@@ -646,13 +672,17 @@ stdout. --dry-run only counts. Without any filter it needs --all.`,
 				return fmt.Errorf("dead-letters redrive: %w (so far: %d matched, %d re-driven)", err, s.Matched, s.Redriven)
 			}
 			if out == "json" {
-				return writeJSON(a.stdout, redriveJSON{Matched: s.Matched, Redriven: s.Redriven, Skipped: s.Skipped, DryRun: dryRun})
+				js := redriveJSON{Matched: s.Matched, Redriven: s.Redriven, Skipped: s.Skipped, DryRun: dryRun}
+				if dryRun {
+					js.WouldRedrive = s.Matched - s.Skipped
+				}
+				return writeJSON(a.stdout, js)
 			}
-			note := ""
 			if dryRun {
-				note = " (dry run: nothing changed)"
+				_, err = fmt.Fprintf(a.stdout, "matched %d\nwould redrive %d\nskipped %d (dry run: nothing changed)\n", s.Matched, s.Matched-s.Skipped, s.Skipped)
+				return err
 			}
-			_, err = fmt.Fprintf(a.stdout, "matched %d\nredriven %d\nskipped %d%s\n", s.Matched, s.Redriven, s.Skipped, note)
+			_, err = fmt.Fprintf(a.stdout, "matched %d\nredriven %d\nskipped %d\n", s.Matched, s.Redriven, s.Skipped)
 			return err
 		},
 	}
