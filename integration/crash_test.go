@@ -40,6 +40,7 @@ func buildExample(t testing.TB, pkg string) string {
 			return
 		}
 		b.path = filepath.Join(dir, filepath.Base(pkg))
+		started.addFunc(func(context.Context) error { return os.RemoveAll(dir) }) // TestMain removes it at the end
 		out, err := exec.Command("go", "build", "-o", b.path, pkg).CombinedOutput()
 		if err != nil {
 			b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
