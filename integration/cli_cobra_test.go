@@ -20,18 +20,7 @@ import (
 // exit code.
 func cliRun(t *testing.T, bin string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	case err != nil:
-		t.Fatalf("idemq %v: %v", args, err)
-	}
-	return o.String(), e.String(), code
+	return cliRunEnv(t, bin, nil, args...)
 }
 
 // The outbox verbs on a real table: parked lists the parked rows (table

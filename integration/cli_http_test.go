@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -55,18 +54,7 @@ func TestCLIHTTPScopes(t *testing.T) {
 	e := setup(t, func(c *pgstore.Config) { c.MaxAttempts = 2 })
 	idemq := func(args ...string) (stdout, stderr string, code int) {
 		t.Helper()
-		cmd := exec.Command(bin, append(args, "--dsn", postgresDSN(t), "--schema", e.schema)...)
-		var o, eb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &eb
-		err := cmd.Run()
-		var exit *exec.ExitError
-		switch {
-		case errors.As(err, &exit):
-			code = exit.ExitCode()
-		case err != nil:
-			t.Fatalf("idemq %v: %v", args, err)
-		}
-		return o.String(), eb.String(), code
+		return cliRun(t, bin, append(args, "--dsn", postgresDSN(t), "--schema", e.schema)...)
 	}
 	run := func(args ...string) string {
 		t.Helper()
