@@ -202,7 +202,7 @@ func TestOutboxErrorHistoryAfterPublish(t *testing.T) {
 		}
 	}
 
-	out, err := exec.Command(bin, "outbox", "stats", "-dsn", postgresDSN(t), "-schema", o.schema).CombinedOutput()
+	out, err := exec.Command(bin, "outbox", "stats", "--dsn", postgresDSN(t), "--schema", o.schema).CombinedOutput()
 	if err != nil {
 		t.Fatalf("idemq outbox stats: %v\n%s", err, out)
 	}
