@@ -98,7 +98,7 @@ func startACLRocketMQ(t *testing.T) *rmqACLCluster {
 	lib, _ = filepath.Abs(lib)
 	dir := t.TempDir()
 	home := filepath.Join(dir, "home")
-	if err := os.MkdirAll(filepath.Join(home, "conf"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(home, "conf"), 0o750); err != nil {
 		t.Fatal(err)
 	}
 	nsPort, err := freePort()
@@ -159,7 +159,7 @@ innerClientAuthenticationCredentials={"accessKey":"%[6]s","secretKey":"%[7]s"}
 		// a shared machine, so start-up CPU matters more than peak speed.
 		args := append(append(append([]string(nil), heap...), "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"), jdk17...)
 		args = append(args, "-Duser.home="+home, "-Drmq.logback.configurationFile="+logback, "-cp", filepath.Join(lib, "*"), main, "-c", conf)
-		cmd := exec.Command(java, args...)
+		cmd := exec.Command(java, args...) //nolint:gosec // the JDK the harness found, our own fixed arguments
 		cmd.Env = append(os.Environ(), "ROCKETMQ_HOME="+home)
 		out := &logBuf{}
 		cmd.Stdout, cmd.Stderr = out, out

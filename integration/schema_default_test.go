@@ -155,8 +155,7 @@ func runUntilHandled(t *testing.T, e *env, group, topic string, st *pgstore.Stor
 			return err
 		case <-deadline:
 			cancel()
-			<-done
-			t.Fatalf("group %s: the handler did not run within 60s", group)
+			t.Fatalf("group %s: the handler did not run within 60s (Run: %v)", group, <-done)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -129,6 +129,9 @@ func invoke(ctx context.Context, addr string, code int16, ext map[string]string,
 	if err != nil {
 		return remotingHeader{}, nil, err
 	}
+	if len(hdr)+len(body) > maxFrame {
+		return remotingHeader{}, nil, fmt.Errorf("idemq/rocketmqadapter: request of %d bytes exceeds the %d-byte frame limit", len(hdr)+len(body), maxFrame)
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, remotingTimeout)
@@ -146,8 +149,8 @@ func invoke(ctx context.Context, addr string, code int16, ext map[string]string,
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	frame := make([]byte, 8, 8+len(hdr)+len(body))
-	binary.BigEndian.PutUint32(frame[0:4], uint32(4+len(hdr)+len(body)))
-	binary.BigEndian.PutUint32(frame[4:8], uint32(len(hdr))) // serialize type 0: JSON
+	binary.BigEndian.PutUint32(frame[0:4], uint32(4+len(hdr)+len(body))) //nolint:gosec // bounded by maxFrame above
+	binary.BigEndian.PutUint32(frame[4:8], uint32(len(hdr)))             //nolint:gosec // bounded by maxFrame above; serialize type 0: JSON
 	frame = append(append(frame, hdr...), body...)
 	if _, err := conn.Write(frame); err != nil {
 		return remotingHeader{}, nil, err

@@ -48,8 +48,8 @@ func fakeRemoting(t *testing.T, answer func(h remotingHeader, body []byte) (int1
 				code, remark, body := answer(h, buf[hlen:])
 				out, _ := json.Marshal(remotingHeader{Code: code, Language: "JAVA", Opaque: h.Opaque, Flag: 1, Remark: remark})
 				frame := make([]byte, 8, 8+len(out)+len(body))
-				binary.BigEndian.PutUint32(frame[:4], uint32(4+len(out)+len(body)))
-				binary.BigEndian.PutUint32(frame[4:], uint32(len(out)))
+				binary.BigEndian.PutUint32(frame[:4], uint32(4+len(out)+len(body))) //nolint:gosec // a test frame of a few bytes
+				binary.BigEndian.PutUint32(frame[4:], uint32(len(out)))             //nolint:gosec // a test frame of a few bytes
 				_, _ = c.Write(append(append(frame, out...), body...))
 			}()
 		}
@@ -92,7 +92,7 @@ func TestReadStoreRetentionFromEveryMaster(t *testing.T) {
 	})
 	route := `{"brokerDatas":[{"brokerAddrs":{0:"` + brokerB + `",1:"` + slave + `"},"brokerName":"b","cluster":"c"},` +
 		`{"brokerAddrs":{"0":"` + brokerA + `"},"brokerName":"a","cluster":"c"},{"brokerAddrs":{1:"` + slave + `"},"brokerName":"z"}],"queueDatas":[]}`
-	ns := fakeRemoting(t, func(h remotingHeader, body []byte) (int16, string, []byte) {
+	ns := fakeRemoting(t, func(h remotingHeader, _ []byte) (int16, string, []byte) {
 		if h.Code != reqGetRouteInfoByTopic || h.ExtFields["topic"] != "orders" {
 			return resTopicNotExist, "no route", nil
 		}

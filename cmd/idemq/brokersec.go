@@ -17,11 +17,14 @@ import (
 // The environment variables of the broker secrets. Secrets are never flag
 // values (they would show in ps and shell history): they come from these
 // variables or from a file flag.
+//
+// gosec's G101 reads these names as credentials; they are the names of
+// where credentials come from, holding none.
 const (
-	envKafkaSASLPassword  = "IDEMQ_KAFKA_SASL_PASSWORD"
+	envKafkaSASLPassword  = "IDEMQ_KAFKA_SASL_PASSWORD" //nolint:gosec // a variable's name, not a credential
 	envRocketMQAccessKey  = "IDEMQ_ROCKETMQ_ACCESS_KEY"
-	envRocketMQSecretKey  = "IDEMQ_ROCKETMQ_SECRET_KEY"
-	flagKafkaPasswordFile = "kafka-sasl-password-file"
+	envRocketMQSecretKey  = "IDEMQ_ROCKETMQ_SECRET_KEY" //nolint:gosec // a variable's name, not a credential
+	flagKafkaPasswordFile = "kafka-sasl-password-file"  //nolint:gosec // a flag's name, not a credential
 	flagRocketMQSecretKey = "rocketmq-secret-key-file"
 )
 

@@ -10,8 +10,8 @@ import (
 )
 
 const (
-	testKafkaPassword = "kafkaPW-9f3e1c"
-	testRocketSecret  = "rmqSK-77ab20"
+	testKafkaPassword = "kafkaPW-9f3e1c" //nolint:gosec // a test secret, to prove it is never printed
+	testRocketSecret  = "rmqSK-77ab20"   //nolint:gosec // a test secret, to prove it is never printed
 )
 
 // writeFile writes content to a fresh file of the test and returns its

@@ -19,14 +19,14 @@ func TestClassify(t *testing.T) {
 		unavailable bool
 	}{
 		// As rocketmq-client-go's ProcessSendResponse formats them.
-		{errors.New("CODE: 16, DESC: check signature failed."), true},
-		{errors.New("CODE: 16, DESC: User:nobody is not found."), true},
+		{brokerErr("CODE: 16, DESC: check signature failed."), true},
+		{brokerErr("CODE: 16, DESC: User:nobody is not found."), true},
 		{errors.New("CODE: 2, DESC: [TIMEOUT_CLEAN_QUEUE]broker busy, start flow control for a while"), true},
 		{errors.New("CODE: 14, DESC: service not available now. It may be caused by one of the following reasons: the broker's disk is full"), true},
 		{primitive.MQBrokerErr{ResponseCode: 2, ErrorMessage: "busy"}, true},
 		{&primitive.MQBrokerErr{ResponseCode: 16, ErrorMessage: "no permission"}, true},
 		{rmqerrors.ErrRequestTimeout, true},
-		{errors.New("CODE: 17, DESC: topic[x] not exist, apply first please!"), false},
+		{brokerErr("CODE: 17, DESC: topic[x] not exist, apply first please!"), false},
 		{errors.New("CODE: 13, DESC: the message body size over max value"), false},
 		{errors.New("CODE: 1, DESC: system error"), false},
 		{errors.New("CODE: x"), false},
@@ -41,3 +41,7 @@ func TestClassify(t *testing.T) {
 		}
 	}
 }
+
+// brokerErr is an error with the text rocketmq-client-go formats from a
+// broker's answer (the broker's own punctuation and capitals included).
+func brokerErr(text string) error { return errors.New(text) }
