@@ -150,7 +150,7 @@ func TestCLIJSONOutput(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &dls) != nil || len(dls) != 1 || dls[0].MessageID != "m-1" || dls[0].Reason != "permanent_error" || dls[0].Attempts != 2 {
 		t.Fatalf("dead-letters list -o json: exit %d %+v\n%s%s", code, dls, out, errOut)
 	}
-	if _, errOut, code := cliRun(t, bin, append([]string{"inspect", "--scope", "json", "--message-id", "nope"}, db...)...); code != 1 || !strings.Contains(errOut, "not found") {
+	if _, errOut, code := cliRun(t, bin, append([]string{"inspect", "--scope", "json", "--message-id", "nope"}, db...)...); code != 3 || !strings.Contains(errOut, "not found") {
 		t.Fatalf("inspect of a missing record: exit %d\n%s", code, errOut)
 	}
 }

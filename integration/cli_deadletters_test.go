@@ -263,11 +263,11 @@ func checkDLVerbsCommon(t *testing.T, c dlCLI, status func(scope, id string) ded
 			t.Fatalf("show m-2: no %q in\n%s", want, out)
 		}
 	}
-	c.fails(1, "not found", "show", "999999999")
+	c.fails(3, "not found", "show", "999999999")
 	if d := c.show(byID["o-1"].ID, "--scope", "orders"); d.MessageID != "o-1" {
 		t.Fatalf("show --scope orders: %+v", d)
 	}
-	c.fails(1, "not found", "show", strconv.FormatInt(byID["o-1"].ID, 10), "--scope", "mail")
+	c.fails(3, "not found", "show", strconv.FormatInt(byID["o-1"].ID, 10), "--scope", "mail")
 	c.fails(1, "not UTF-8", "show", strconv.FormatInt(byID["o-3"].ID, 10), "--decode", "text")
 	c.fails(1, "--decode-cmd", "show", strconv.FormatInt(byID["o-2"].ID, 10), "--decode-cmd", "exit 3")
 
@@ -471,7 +471,7 @@ func TestCLIDeadLetterVerbs(t *testing.T) {
 	}
 	c.fails(2, "ID", "republish")
 	c.fails(2, "ID", "republish", "x1")
-	c.fails(1, "not found", "republish", "999999999", "--topic", "t")
+	c.fails(3, "not found", "republish", "999999999", "--topic", "t")
 
 	// purge --older-than 1h deletes nothing new; one made old goes.
 	out = c.ok("purge", "--older-than", "1h")
@@ -500,7 +500,7 @@ func TestCLIDeadLetterVerbs(t *testing.T) {
 	if n := e.count(`select count(*) from ` + audit); n != 2 {
 		t.Fatalf("%d republish audit rows left, want those of m-2 and o-1", n)
 	}
-	c.fails(1, "not found", "republish", id, "--topic", "mail-replay")
+	c.fails(3, "not found", "republish", id, "--topic", "mail-replay")
 	c.fails(2, "--older-than", "purge", "--older-than", "1s")
 }
 
@@ -542,7 +542,7 @@ func TestCLIDeadLetterVerbsRedis(t *testing.T) {
 	if d := c.show(twin*1_000_000, "--scope", "twin-b"); d.Scope != "twin-b" || d.MessageID != "t-twin-b" {
 		t.Fatalf("show %s --scope twin-b: %+v", twinID, d)
 	}
-	c.fails(1, "not found", "show", twinID, "--scope", "orders")
+	c.fails(3, "not found", "show", twinID, "--scope", "orders")
 	if got := messageIDs(c.list()); got != "o-1,o-2,o-3,m-1,m-2,t-twin-a,t-twin-b" {
 		t.Fatalf("list with twin IDs: %s", got)
 	}

@@ -244,7 +244,7 @@ func TestCLIHTTPScopes(t *testing.T) {
 	}{
 		{append([]string{"inspect", "--scope", payScope, "--message-id", "K1"}, httpFlags("POST /payments")...), 2, "not both"},
 		{[]string{"inspect", "--http-tenant", tenant, "--http-principal", user, "--message-id", "K1"}, 2, "--http-method and --http-route are required"},
-		{append([]string{"inspect", "--message-id", "nope"}, httpFlags("POST /payments")...), 1, "not found"},
+		{append([]string{"inspect", "--message-id", "nope"}, httpFlags("POST /payments")...), 3, "not found"},
 		{[]string{"inspect", "--message-id", "K1"}, 2, "--scope is required"},
 		{[]string{"dead-letters", "list", "--scope-prefix", "http|", "--scope", "billing"}, 2, "not both"},
 	} {
@@ -288,7 +288,7 @@ func TestCLIHTTPScopes(t *testing.T) {
 	if n := e.count(`select count(*) from ` + httpTable); n != 1 {
 		t.Fatalf("%d stored-response rows left, want 1 (the unfinished F1)", n)
 	}
-	if out, errOut, code := idemq(append([]string{"inspect", "--message-id", "K1"}, httpFlags("POST /payments")...)...); code != 1 || !strings.Contains(errOut, "not found") {
+	if out, errOut, code := idemq(append([]string{"inspect", "--message-id", "K1"}, httpFlags("POST /payments")...)...); code != 3 || !strings.Contains(errOut, "not found") {
 		t.Fatalf("inspect after purge: exit %d\n%s%s", code, out, errOut)
 	}
 }

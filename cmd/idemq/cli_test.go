@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
+	"github.com/idemq/idemq/outbox"
 	"github.com/spf13/cobra"
 )
 
@@ -460,8 +461,8 @@ func TestDeadLettersShow(t *testing.T) {
 	if r := cli(t, nil, f, append([]string{"dead-letters", "show", "1", "--decode-cmd", "exit 3"}, dsnArgs...)...); r.code != exitRuntime || !strings.Contains(r.stderr, "--decode-cmd") {
 		t.Fatalf("failing --decode-cmd: %v", r)
 	}
-	if r := cli(t, nil, f, append([]string{"dead-letters", "show", "99"}, dsnArgs...)...); r.code != exitRuntime || !strings.Contains(r.stderr, "dead letter 99") || !strings.Contains(r.stderr, "not found") {
-		t.Fatalf("show of a missing one: %v", r)
+	if r := cli(t, nil, f, append([]string{"dead-letters", "show", "99"}, dsnArgs...)...); r.code != exitNotFound || !strings.Contains(r.stderr, "dead letter 99") || !strings.Contains(r.stderr, "not found") {
+		t.Fatalf("show of a missing one (exit 3, not a failure of the work): %v", r)
 	}
 	for _, c := range []struct {
 		args []string
@@ -537,6 +538,10 @@ func TestDeadLettersRedrive(t *testing.T) {
 	var js redriveJSON
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &js) != nil || js != (redriveJSON{Matched: 10, WouldRedrive: 8, Skipped: 2, DryRun: true}) || !f.redrive[1].DryRun {
 		t.Fatalf("redrive --all --dry-run -o json: %v", r)
+	}
+	// A dry run's progress says nothing was done.
+	if strings.Contains(r.stderr, "done") || !strings.Contains(r.stderr, "redrive: 10 of 10 dead letters checked (dry run: nothing changed)") {
+		t.Fatalf("redrive --dry-run progress: %v", r)
 	}
 	f.redriveErr, f.summary = errors.New("connection reset"), RedriveSummary{Matched: 4, Redriven: 2}
 	if r := cli(t, nil, f, append([]string{"dead-letters", "redrive", "--scope", "x"}, dsnArgs...)...); r.code != exitRuntime || !strings.Contains(r.stderr, "connection reset") || !strings.Contains(r.stderr, "2 re-driven") {
@@ -641,5 +646,48 @@ func TestEnvConfig(t *testing.T) {
 	}
 	if isRedis, err := seen.useRedis(); !isRedis || err != nil {
 		t.Fatalf("useRedis = %v, %v", isRedis, err)
+	}
+}
+
+// TestExitCodeNotFound: a missing record, dead letter or outbox row exits 3,
+// apart from a failure of the work (1) and a usage error (2).
+func TestExitCodeNotFound(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want int
+	}{
+		{fmt.Errorf("inspect: %w: scope %q", dedup.ErrNotFound, "s"), exitNotFound},
+		{fmt.Errorf("outbox: %w", outbox.ErrNotFound), exitNotFound},
+		{errors.New("connection refused"), exitRuntime},
+		{usagef("--scope is required"), exitUsage},
+		{usageError{fmt.Errorf("%w", dedup.ErrNotFound)}, exitUsage},
+	} {
+		if got := exitCode(c.err); got != c.want {
+			t.Errorf("exitCode(%v) = %d, want %d", c.err, got, c.want)
+		}
+	}
+}
+
+// TestWriteObjectTable: inspect -o table prints one "field: value" line
+// per field, nested fields with dots, empty and null values as "-".
+func TestWriteObjectTable(t *testing.T) {
+	var b bytes.Buffer
+	v := struct {
+		Status   string         `json:"status"`
+		Attempts int            `json:"attempts"`
+		Error    string         `json:"last_error"`
+		Expires  *time.Time     `json:"expires_at"`
+		HTTP     map[string]any `json:"http"`
+	}{Status: "SUCCEEDED", Attempts: 2, HTTP: map[string]any{"status": 201}}
+	if err := writeObject(&b, "table", v); err != nil {
+		t.Fatal(err)
+	}
+	want := "attempts:     2\nexpires_at:   -\nhttp.status:  201\nlast_error:   -\nstatus:       SUCCEEDED\n"
+	if b.String() != want {
+		t.Fatalf("table:\n%s\nwant:\n%s", b.String(), want)
+	}
+	b.Reset()
+	if err := writeObject(&b, "json", v); err != nil || !strings.Contains(b.String(), `"status": "SUCCEEDED"`) {
+		t.Fatalf("json: %v %s", err, b.String())
 	}
 }

@@ -664,8 +664,12 @@ skipped instead. Without any filter it needs --all.`,
 			if !ok {
 				return errNoDeadLetterAPI("RedriveDeadLetters")
 			}
+			verb := "done"
+			if dryRun {
+				verb = "checked (dry run: nothing changed)"
+			}
 			o := RedriveOptions{DryRun: dryRun, Batch: batch, Operator: operator, Progress: func(done, matched int64) {
-				_, _ = fmt.Fprintf(a.stderr, "redrive: %d of %d dead letters done\n", done, matched)
+				_, _ = fmt.Fprintf(a.stderr, "redrive: %d of %d dead letters %s\n", done, matched, verb)
 			}}
 			s, err := ds.RedriveDeadLetters(ctx, flt, o)
 			if err != nil {

@@ -32,16 +32,19 @@
 //	idemq outbox purge [--older-than D] [--batch N]
 //	                                           delete published rows older than a retention
 //
-// Exit codes: 0 done; 1 the work failed (database, broker, not found,
-// interrupted: the purges and exports then report what they did); 2 usage
-// error (unknown flag, bad value, missing or conflicting flags, wrong
-// argument count), found before any work or connection. -h/--help exits 0.
+// Exit codes: 0 done; 1 the work failed (database, broker, interrupted: the
+// purges and exports then report what they did); 2 usage error (unknown
+// flag, bad value, missing or conflicting flags, wrong argument count),
+// found before any work or connection; 3 not found (inspect, dead-letters
+// show, outbox row lookups: what was asked for does not exist).
+// -h/--help exits 0.
 // Flags are GNU style (--dsn); a long flag written with one dash (-dsn) is
 // refused with a hint.
 //
 // Output: every list and summary takes -o table|json (default table); json
 // writes one JSON value on stdout (export writes JSON Lines), while
-// progress and logs go to stderr. inspect always prints JSON.
+// progress and logs go to stderr. inspect takes -o json|table too, with
+// json as its default (a record is nested data).
 //
 // Configuration comes from flags, else from environment variables: --dsn
 // from IDEMQ_DATABASE_URL, --schema from IDEMQ_SCHEMA (default "idemq"),

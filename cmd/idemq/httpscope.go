@@ -106,7 +106,7 @@ type httpResponse struct {
 // inspectHTTP prints the record of an HTTP request (scope, key exactly as
 // stored) with its stored part. showBody prints a plain stored body; a
 // sealed one is never printed.
-func (a *app) inspectHTTP(ctx context.Context, f *storeFlags, scope, key string, showBody bool) error {
+func (a *app) inspectHTTP(ctx context.Context, f *storeFlags, scope, key string, showBody bool, format outputFormat) error {
 	pool, st, err := a.openPG(ctx, f)
 	if err != nil {
 		return err
@@ -132,7 +132,7 @@ func (a *app) inspectHTTP(ctx context.Context, f *storeFlags, scope, key string,
 			}
 		}
 	}
-	return writeJSON(a.stdout, out)
+	return writeObject(a.stdout, format, out)
 }
 
 // describe turns a stored response into inspect's JSON.

@@ -176,11 +176,14 @@ func (a *app) inspectCommand() *cobra.Command {
 	var sf scopeFlags
 	var msgID, bk string
 	var showBody bool
+	out := outputFormat("json")
 	cmd := &cobra.Command{
 		Use:   "inspect",
-		Short: "Show the consumption record of a message ID or business key, as JSON",
+		Short: "Show the consumption record of a message ID or business key",
 		Long: `Show the consumption record of a message ID (--message-id) or business key
-(--business-key) in a scope, as one JSON object on stdout.
+(--business-key) in a scope: one JSON object on stdout (-o json, the
+default), or one "field: value" line per field (-o table).
+A record that does not exist exits 3.
 
 For an HTTP request (the --http-* flags, or a scope starting with "http|")
 it adds the stored response's status, sealing, size and canonicalization
@@ -202,7 +205,7 @@ version; its body only with --show-body, and never a sealed one.`,
 			}
 			ctx := cmd.Context()
 			if msgID != "" && f.redisURL == "" && isHTTPScope(scope) {
-				return a.inspectHTTP(ctx, &f, scope, msgID, showBody)
+				return a.inspectHTTP(ctx, &f, scope, msgID, showBody, out)
 			}
 			st, closeStore, err := a.admin(ctx, &f)
 			if err != nil {
@@ -216,9 +219,12 @@ version; its body only with --show-body, and never a sealed one.`,
 				r, err = st.LookupBusinessKey(ctx, scope, bk)
 			}
 			if err != nil {
+				if errors.Is(err, dedup.ErrNotFound) {
+					err = fmt.Errorf("inspect: %w: scope %q, %s", err, scope, lookupName(msgID, bk))
+				}
 				return err
 			}
-			return writeJSON(a.stdout, r)
+			return writeObject(a.stdout, out, r)
 		},
 	}
 	f.register(cmd, true)
@@ -227,6 +233,7 @@ version; its body only with --show-body, and never a sealed one.`,
 	fs.StringVar(&msgID, "message-id", "", "message ID, or an HTTP request's Idempotency-Key (or use --business-key)")
 	fs.StringVar(&bk, "business-key", "", "business key")
 	fs.BoolVar(&showBody, "show-body", false, "HTTP request: also print the stored response body (never a sealed one)")
+	fs.VarP(&out, "output", "o", "output format: json (the default: one JSON object on stdout) or table (one field: value line per field)")
 	return cmd
 }
 
@@ -375,4 +382,12 @@ func (a *app) purgeDone(ctx context.Context, out outputFormat, verb, what string
 	}
 	_, err = fmt.Fprintf(a.stdout, "purged %d %s (%s)\n", n, what, p.rate(n))
 	return err
+}
+
+// lookupName names what inspect looked up, for its not-found error.
+func lookupName(msgID, businessKey string) string {
+	if msgID != "" {
+		return fmt.Sprintf("message ID %q", msgID)
+	}
+	return fmt.Sprintf("business key %q", businessKey)
 }

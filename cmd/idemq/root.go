@@ -9,15 +9,18 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/outbox"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
 
 // Exit codes of idemq.
 const (
-	exitOK      = 0 // done
-	exitRuntime = 1 // the work failed: database, broker, not found, interrupted
-	exitUsage   = 2 // bad command line or configuration; nothing was done
+	exitOK       = 0 // done
+	exitRuntime  = 1 // the work failed: database, broker, interrupted
+	exitUsage    = 2 // bad command line or configuration; nothing was done
+	exitNotFound = 3 // the record, dead letter or outbox row asked for does not exist
 )
 
 // usageError is a bad command line or configuration, found before any work
@@ -78,11 +81,14 @@ func (a *app) execute(ctx context.Context, args []string) int {
 	return exitCode(err)
 }
 
-// exitCode is err's exit code: exitUsage for a usage error, else
-// exitRuntime.
+// exitCode is err's exit code: exitUsage for a usage error, exitNotFound
+// when what was asked for does not exist, else exitRuntime.
 func exitCode(err error) int {
-	if isUsage(err) {
+	switch {
+	case isUsage(err):
 		return exitUsage
+	case errors.Is(err, dedup.ErrNotFound) || errors.Is(err, outbox.ErrNotFound):
+		return exitNotFound
 	}
 	return exitRuntime
 }
@@ -132,9 +138,10 @@ each flag's help (IDEMQ_DATABASE_URL for --dsn, IDEMQ_REDIS_URL for --redis,
 Secrets are never printed: help shows no DSN, errors and logs redact
 passwords.
 
-Exit codes: 0 done, 1 the work failed (database, broker, not found,
-interrupted), 2 usage error (unknown flag, bad value, missing or conflicting
-flags, wrong arguments); nothing is done on a usage error.`,
+Exit codes: 0 done, 1 the work failed (database, broker, interrupted),
+2 usage error (unknown flag, bad value, missing or conflicting flags, wrong
+arguments; nothing is done), 3 not found (the record, dead letter or outbox
+row asked for does not exist).`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		Args:              cobra.NoArgs,
