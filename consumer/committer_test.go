@@ -119,6 +119,13 @@ func TestConfigValidation(t *testing.T) {
 	if err := cfg.withDefaults().validate(); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("store/handler missing or bad backoff accepted: %v", err)
 	}
+	// A failed constructor's nil *pgstore.Store is refused by New, not
+	// found by the first message as a nil-pointer panic.
+	var st *pgstore.Store
+	_, err := New(Config{Scope: "payments", Store: st, Handler: func(context.Context, pgx.Tx, *dedup.Message) error { return nil }})
+	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "nil *pgstore.Store") {
+		t.Fatalf("nil *pgstore.Store: %v", err)
+	}
 }
 
 func TestCounters(t *testing.T) {

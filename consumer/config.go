@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -258,6 +259,13 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// isNilPointer reports whether v holds a nil pointer: an interface that is
+// not nil but whose value is, as a failed constructor's result gives.
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
+}
+
 func (c Config) validate() error {
 	if err := dedup.ValidateScope(c.Scope); err != nil {
 		return fmt.Errorf("%w: Scope: %v", ErrInvalidConfig, err)
@@ -265,6 +273,8 @@ func (c Config) validate() error {
 	switch {
 	case c.Store == nil:
 		return fmt.Errorf("%w: Store is required", ErrInvalidConfig)
+	case isNilPointer(c.Store):
+		return fmt.Errorf("%w: Store is a nil %T (did the store's constructor fail? check its error)", ErrInvalidConfig, c.Store)
 	case countSet(c.Handler != nil, c.LeaseHandler != nil, c.BatchHandler != nil) != 1:
 		return fmt.Errorf("%w: exactly one of Handler, LeaseHandler and BatchHandler is required", ErrInvalidConfig)
 	case c.Handler != nil && !isTxStore(c.Store):

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
@@ -13,13 +14,14 @@ import (
 // The README's outbox snippet (internal/docscheck checks that it is copied
 // from here): the outbox on a pool, and a handler that writes its business
 // rows and its outbox row through the consumption record's transaction.
-func Example_handler() {
-	ctx := context.Background()
-	var pool *pgxpool.Pool // your pool
-
-	ob, _ := outbox.New(pool, outbox.Config{}) // table "idemq"."outbox"
-	_ = ob.Migrate(ctx)                        // or: idemq outbox migrate
-
+func outboxHandler(ctx context.Context, pool *pgxpool.Pool) (pgstore.Handler, error) {
+	ob, err := outbox.New(pool, outbox.Config{}) // table "idemq"."outbox"
+	if err != nil {
+		return nil, err
+	}
+	if err := ob.Migrate(ctx); err != nil { // or: idemq outbox migrate
+		return nil, err
+	}
 	confirm := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
 		if _, err := tx.Exec(ctx, `insert into shop.orders (order_id, body) values ($1, $2)`, string(m.Key), m.Payload); err != nil {
 			return err
@@ -32,5 +34,13 @@ func Example_handler() {
 		})
 		return err
 	}
-	_ = pgstore.Handler(confirm) // give it to consumer.Config.Handler
+	return confirm, nil // give it to consumer.Config.Handler
+}
+
+// Example_handler builds the README's handler without a pool: outbox.New
+// refuses it with an error.
+func Example_handler() {
+	_, err := outboxHandler(context.Background(), nil)
+	fmt.Println(err != nil)
+	// Output: true
 }
