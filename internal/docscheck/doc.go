@@ -11,4 +11,13 @@
 // or a section naming a field or struct that no longer exists. Add a field
 // to a Config struct and `go test ./...` fails until the field is
 // documented.
+//
+// The other tests hold the docs to the shipped files: the README's Go
+// blocks are copied from Examples (TestDocSnippetsCompile), operations.md's
+// alert table is deploy/prometheus/idemq-alerts.yml
+// (TestAlertTableMatchesShippedRules), every idemq_* metric the docs and
+// deploy/ name is defined in the code (TestDocsNameOnlyRealMetrics), and the
+// README's `go get` names the version it describes
+// (TestReadmeNamesTheVersionItDescribes). cmd/idemq's TestDocsCommandLinesExist
+// checks the documented command lines against the CLI.
 package docscheck
