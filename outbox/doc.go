@@ -67,9 +67,18 @@
 // relay holds is skipped whole: two relays never interleave one key. Heads
 // are found among the oldest unpublished rows (2 × MaxKeys of them, and the
 // oldest keyless rows); when those do not fill the batch (they are blocked:
-// parked or delayed heads, keys other relays hold) a second statement walks
-// the keys round robin, so a blocked key with a deep backlog never starves
-// the others.
+// parked or delayed heads, heads waiting out a retry delay, keys other
+// relays hold) a second statement walks the keys round robin, stepping over
+// the keys whose head is not due (by the database's clock) without counting
+// them, so neither a blocked key with a deep backlog nor a few keys whose
+// heads the broker keeps refusing starve the others: the batch right after
+// such a refusal publishes the other keys (one walk statement steps over up
+// to a thousand blocked keys; a claim runs at most two). Of the due heads a
+// batch takes the MaxKeys due the longest (available_at: a new row is due
+// from its commit or Delay, a refused one from its retry time), and when the
+// oldest rows' heads failed before it also walks for as many heads behind
+// them, so a refused head costs only its own retries: each takes one place
+// in one batch, queued behind the rows that were due before its retry time.
 //
 // Within a batch, a ChainPublisher (both provided publishers are) gets each
 // key's rows as one chain and never stores a later row of a chain unless the

@@ -417,6 +417,7 @@ func (r *Relay) RunOnce(ctx context.Context) (BatchResult, error) {
 type item struct {
 	seq      int64
 	attempts int
+	dueAt    time.Time // available_at: since when the row may be published
 	env      Envelope
 }
 

@@ -1,9 +1,11 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -181,9 +183,14 @@ func splitUnavailable(failed []failure) (rows, unavailable []failure) {
 // takes its heads from the oldest unpublished rows (and the oldest keyless
 // ones). Only when those do not fill the batch (fewer than BatchSize rows
 // and fewer than MaxKeys keys: the oldest rows are blocked, held by other
-// relays, or the outbox is nearly empty) does a second statement walk the
-// keys from where the previous walk of this relay stopped (round robin), so
-// every key progresses however deep the backlog of other keys.
+// relays, or the outbox is nearly empty) does a walk statement go over the
+// keys from where the previous walk of this relay stopped (round robin),
+// stepping over the keys whose head is not due (parked, delayed, or waiting
+// out a retry delay) without counting them, so every key progresses however
+// deep the backlog of other keys and however many keys are blocked. A walk
+// that runs out of keys before the batch is full starts over once from the
+// first key; one walk statement steps over at most walkKeys blocked keys,
+// and the next claim goes on from where it stopped.
 func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn) ([][]item, error) {
 	b := &pgx.Batch{}
 	b.Queue(beginSQL)
@@ -202,20 +209,84 @@ func (r *Relay) claim(ctx context.Context, conn *pgxpool.Conn) ([][]item, error)
 		return nil, fmt.Errorf("idemq/outbox: claim: %w", err)
 	}
 	// A walk can add heads only when the batch has room and the window did
-	// not see every unpublished row (or saw only blocked ones).
-	if len(c.heads) < r.cfg.MaxKeys && len(c.heads)+len(c.followers) < r.cfg.BatchSize &&
-		(c.windowFull || len(c.heads) == 0) {
-		if err := r.claimWalk(ctx, conn, &c); err != nil {
-			return nil, fmt.Errorf("idemq/outbox: claim: walk keys: %w", err)
+	// not see every unpublished row (or saw only blocked ones). When the
+	// window's heads include heads that failed before (attempts > 0), the
+	// walk also looks for as many more heads, since the keys behind them
+	// may have been due longer: every candidate locked, the batch keeps the
+	// MaxKeys due the longest (trim), so a key the broker keeps refusing
+	// takes a place only when its retry time comes before the others' rows.
+	retried, retriedRows := 0, 0
+	for _, h := range c.heads {
+		if h.attempts > 0 {
+			retried++
+			retriedRows++
 		}
 	}
-	return buildChains(c.heads, c.followers), nil
+	if retried > 0 {
+		for _, chain := range buildChains(c.heads, c.followers) {
+			if chain[0].attempts > 0 {
+				retriedRows += len(chain) - 1
+			}
+		}
+	}
+	target, budget := r.cfg.MaxKeys+retried, r.cfg.BatchSize+retriedRows
+	if len(c.heads) < target && len(c.heads)+len(c.followers) < budget &&
+		(c.windowFull || len(c.heads) == 0) {
+		r.cursorMu.Lock()
+		fromStart := r.cursorKey == nil
+		r.cursorMu.Unlock()
+		for {
+			ended, err := r.claimWalk(ctx, conn, &c, target-len(c.heads), budget-len(c.heads)-len(c.followers))
+			if err != nil {
+				return nil, fmt.Errorf("idemq/outbox: claim: walk keys: %w", err)
+			}
+			if !ended || fromStart || len(c.heads) >= target || len(c.heads)+len(c.followers) >= budget {
+				break
+			}
+			fromStart = true // the walk ran out of keys: once more from the first key
+		}
+	}
+	return trim(buildChains(c.heads, c.followers), r.cfg.MaxKeys, r.cfg.BatchSize), nil
 }
 
-// claimWalk adds to c the heads found by a walk over the keys from this
-// relay's cursor (MaxKeys keys at most), and their followers, leaving out
-// the heads c holds already, and moves the cursor.
-func (r *Relay) claimWalk(ctx context.Context, conn *pgxpool.Conn, c *claimed) error {
+// trim keeps the maxKeys chains whose heads have been due the longest
+// (available_at, then seq), and cuts the kept chains' followers so that
+// maxRows rows are left at most (each chain keeps its head). The heads of
+// the chains left out stay locked, unpublished and untouched until the
+// transaction ends.
+func trim(chains [][]item, maxKeys, maxRows int) [][]item {
+	if len(chains) > maxKeys {
+		slices.SortStableFunc(chains, func(a, b []item) int {
+			if c := a[0].dueAt.Compare(b[0].dueAt); c != 0 {
+				return c
+			}
+			return cmp.Compare(a[0].seq, b[0].seq)
+		})
+		chains = chains[:maxKeys]
+		slices.SortFunc(chains, func(a, b []item) int { return cmp.Compare(a[0].seq, b[0].seq) })
+	}
+	rows := 0
+	for _, c := range chains {
+		rows += len(c)
+	}
+	if rows > maxRows {
+		left := maxRows - len(chains)
+		for i, c := range chains {
+			n := min(len(c)-1, max(left, 0))
+			chains[i] = c[:1+n]
+			left -= n
+		}
+	}
+	return chains
+}
+
+// claimWalk adds to c the heads found by one walk statement over the keys
+// from this relay's cursor (up to need heads, stepping over keys whose head
+// is not due, at most walkKeys keys), and their followers (about budget
+// rows in all), leaving out the heads c holds already, and moves the
+// cursor. It reports whether the walk ran out of keys (the cursor is back
+// at the start).
+func (r *Relay) claimWalk(ctx context.Context, conn *pgxpool.Conn, c *claimed, need, budget int) (ended bool, err error) {
 	r.cursorMu.Lock()
 	topic, key := r.cursorTop, r.cursorKey
 	r.cursorMu.Unlock()
@@ -226,27 +297,32 @@ func (r *Relay) claimWalk(ctx context.Context, conn *pgxpool.Conn, c *claimed) e
 	for i, h := range c.heads {
 		held[i] = h.seq
 	}
-	rows, err := conn.Query(ctx, r.ob.q.claimWalkSQL, r.cfg.MaxKeys-len(c.heads),
-		r.cfg.BatchSize-len(c.heads)-len(c.followers), held, topic, key, r.cfg.MaxKeys)
+	rows, err := conn.Query(ctx, r.ob.q.claimWalkSQL, need, max(budget, 1), held, topic, key, need+walkKeys)
 	if err != nil {
-		return err
+		return false, err
 	}
 	c.walked = -1
 	if err := r.scanClaimRows(rows, c); err != nil {
-		return err
+		return false, err
 	}
 	if c.walked < 0 {
-		return errors.New("no walk summary row")
+		return false, errors.New("no walk summary row")
 	}
 	r.cursorMu.Lock()
-	if c.walked < int64(r.cfg.MaxKeys) {
+	if c.walkEnded {
 		r.cursorTop, r.cursorKey = "", nil // the walk reached the end: start over
 	} else {
 		r.cursorTop, r.cursorKey = c.lastTopic, c.lastKey
 	}
 	r.cursorMu.Unlock()
-	return nil
+	return c.walkEnded, nil
 }
+
+// walkKeys is how many keys one walk statement visits at most beyond the
+// heads it looks for: it bounds the statement's work (one index descent and
+// one row read per key) when many keys are blocked. A claim runs at most two
+// walk statements; the next claim goes on from where they stopped.
+const walkKeys = 1000
 
 // claimed collects the rows of the claim statements: heads (kind 0),
 // followers (kind 1) and, from claim_walk, the walk's summary (kind 2).
@@ -255,6 +331,7 @@ type claimed struct {
 	followers  []follower
 	windowFull bool // claim's window held all the rows it asked for
 	walked     int64
+	walkEnded  bool // the walk ran out of keys
 	lastTopic  string
 	lastKey    []byte
 }
@@ -277,7 +354,7 @@ func (r *Relay) scanClaimRows(rows pgx.Rows, c *claimed) error {
 		var row Row
 		var full bool
 		if err := rows.Scan(&kind, &f.seq, &row.ID, &row.Topic, &row.Key, &row.Headers, &row.Payload, &row.CausationID,
-			&f.attempts, &f.ready, &row.MessageID, &full); err != nil {
+			&f.attempts, &f.ready, &row.MessageID, &full, &f.dueAt); err != nil {
 			return err
 		}
 		c.windowFull = c.windowFull || full
@@ -289,7 +366,7 @@ func (r *Relay) scanClaimRows(rows pgx.Rows, c *claimed) error {
 			f.env = r.ob.Envelope(row)
 			c.followers = append(c.followers, f)
 		default:
-			c.walked, c.lastTopic, c.lastKey = f.seq, row.Topic, row.Key
+			c.walked, c.walkEnded, c.lastTopic, c.lastKey = f.seq, f.ready, row.Topic, row.Key
 		}
 	}
 	return rows.Err()

@@ -32,7 +32,11 @@ type RelayConfig struct {
 	// one relay holds is skipped by the others, so with few keys a lower
 	// MaxKeys lets several relays work at once, at the cost of more rounds
 	// per batch (a batch of BatchSize rows over MaxKeys keys needs about
-	// BatchSize/MaxKeys publish rounds).
+	// BatchSize/MaxKeys publish rounds). Only keys whose head is due take a
+	// place: a key whose head is parked, delayed or waiting out a retry
+	// delay is stepped over, and the places go to the heads due the
+	// longest (a refused head queues again from its retry time), so keys
+	// the broker keeps refusing never hold the places of the others.
 	MaxKeys int
 	// Workers is how many claim transactions one relay runs at once, each on
 	// its own connection. Default 1; 1 to 64. Several relays (processes)

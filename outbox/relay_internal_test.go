@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -415,4 +416,33 @@ func mustNew(t *testing.T, c Config) *Outbox {
 		t.Fatal(err)
 	}
 	return o
+}
+
+// trim keeps the chains whose heads have been due the longest, in seq
+// order, and cuts followers (never a head) to the row limit.
+func TestTrimKeepsLongestDue(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	mk := func(seq int64, due time.Duration, followers int) []item {
+		c := []item{{seq: seq, dueAt: t0.Add(due)}}
+		for i := range followers {
+			c = append(c, item{seq: seq + 100 + int64(i), dueAt: t0})
+		}
+		return c
+	}
+	// Seq 1 and 2 are old heads due again late (retried); 5 and 6 were
+	// due earlier.
+	chains := [][]item{mk(1, 9*time.Second, 2), mk(2, 8*time.Second, 2), mk(5, time.Second, 1), mk(6, 2*time.Second, 0)}
+	got := trim(chains, 3, 4)
+	var heads []int64
+	rows := 0
+	for _, c := range got {
+		heads = append(heads, c[0].seq)
+		rows += len(c)
+	}
+	if !slices.Equal(heads, []int64{2, 5, 6}) || rows != 4 {
+		t.Fatalf("trim kept heads %v, %d rows; want [2 5 6] (due the longest, in seq order) and 4 rows", heads, rows)
+	}
+	if got := trim([][]item{mk(1, 0, 3)}, 3, 10); len(got) != 1 || len(got[0]) != 4 {
+		t.Fatalf("trim under the limits changed the chains: %v", got)
+	}
 }

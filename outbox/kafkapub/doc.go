@@ -40,6 +40,10 @@
 // until an operator fixes it. Errors about the row (ErrTooLarge, MessageSizeTooLarge,
 // InvalidTopic, UnknownTopicOrPartition, TopicAuthorizationFailed) are not
 // wrapped: they count toward RelayConfig.MaxAttempts and park the row.
+// Since a record batch is appended all or nothing, a refused record fails
+// the whole request it travels in; such a request is sent again one chain
+// (one key) at a time, so only the refused row's key fails, and the other
+// keys of its partition are published and charged nothing.
 //
 // # Secured brokers
 //

@@ -24,11 +24,14 @@ func chain(topic, key string, n int, start int) []outbox.Envelope {
 	return out
 }
 
-// fakeProduce records requests and fails those whose payloads include fail.
+// fakeProduce records requests and fails those whose payloads include fail
+// (with an unavailable broker, as the real produce classifies
+// NOT_ENOUGH_REPLICAS) or refuse (a row error, as a broker refusing a
+// record fails its whole request).
 type fakeProduce struct {
-	mu   sync.Mutex
-	reqs []string
-	fail string
+	mu           sync.Mutex
+	reqs         []string
+	fail, refuse string
 }
 
 func (f *fakeProduce) produce(_ context.Context, k tp, recs []pos) error {
@@ -42,10 +45,40 @@ func (f *fakeProduce) produce(_ context.Context, k tp, recs []pos) error {
 	f.mu.Unlock()
 	for _, v := range vals {
 		if v == f.fail {
-			return errors.New("NOT_ENOUGH_REPLICAS")
+			return outbox.Unavailable(errors.New("NOT_ENOUGH_REPLICAS"))
+		}
+		if v == f.refuse {
+			return errors.New("INVALID_RECORD")
 		}
 	}
 	return nil
+}
+
+// A refused record fails only its own chain: the request it shared with
+// another key's records is sent again one chain at a time, the other key's
+// records are acknowledged, and the refused chain's rows after it are
+// never sent.
+func TestPublishChainsRefusedRowFailsOnlyItsChain(t *testing.T) {
+	f := &fakeProduce{refuse: "10"}
+	p := newTestPublisher(t, 1<<20, f)
+	res := p.PublishChains(context.Background(), [][]outbox.Envelope{chain("t", "a", 2, 0), chain("t", "b", 2, 10), chain("t", "c", 1, 20)})
+	if got := strings.Join(f.reqs, " "); got != "t/0:0,1,10,11,20 t/0:0,1 t/0:10,11 t/0:20" {
+		t.Fatalf("requests %s; want the shared request, then one per chain", got)
+	}
+	if res[0].Acked != 2 || res[0].Err != nil || res[2].Acked != 1 || res[2].Err != nil {
+		t.Fatalf("results %+v; want chains a and c acknowledged whole", res)
+	}
+	if res[1].Acked != 0 || res[1].Err == nil || outbox.IsUnavailable(res[1].Err) {
+		t.Fatalf("chain b: %+v; want nothing acked and its row error", res[1])
+	}
+	// An unavailable broker fails every chain of the request at once: no
+	// request per chain.
+	f2 := &fakeProduce{fail: "10"}
+	p2 := newTestPublisher(t, 1<<20, f2)
+	res = p2.PublishChains(context.Background(), [][]outbox.Envelope{chain("t", "a", 2, 0), chain("t", "b", 2, 10)})
+	if len(f2.reqs) != 1 || res[0].Err == nil || res[1].Err == nil {
+		t.Fatalf("unavailable: requests %v, results %+v; want one request, every chain failed", f2.reqs, res)
+	}
 }
 
 func newTestPublisher(t *testing.T, batchBytes int, f *fakeProduce) *Publisher {

@@ -165,7 +165,10 @@ func (p *Publisher) Publish(ctx context.Context, batch []outbox.Envelope) error 
 // produce requests as Config.BatchBytes allows, sent one after the other;
 // partitions are written in parallel. A record batch is appended atomically,
 // and a chain's records after a failed request are not sent, so the stored
-// rows of a chain are always a prefix of it.
+// rows of a chain are always a prefix of it. A request that fails with a row
+// error (not outbox.IsUnavailable: a record too large, an invalid record)
+// is sent again one chain at a time, so a refused row fails only its own
+// chain, never the other keys that share its partition.
 func (p *Publisher) PublishChains(ctx context.Context, chains [][]outbox.Envelope) []outbox.ChainResult {
 	res := make([]outbox.ChainResult, len(chains))
 	placeErr := make([]error, len(chains))
@@ -251,14 +254,57 @@ func (p *Publisher) writePartition(ctx context.Context, k tp, ps []pos, res []ou
 		} else {
 			err = p.send(ctx, k, send)
 		}
-		for _, q := range send {
-			if err != nil {
-				res[q.chain].Err = err
-			} else {
-				res[q.chain].Acked++
+		if err != nil && !outbox.IsUnavailable(err) && ctx.Err() == nil && !oneChain(send) {
+			// A row error (a record refused) fails the whole request, whose
+			// record batch is appended all or nothing: send each chain's
+			// records of it alone, so only the refused row's chain fails and
+			// the other keys of the partition are not charged an attempt.
+			for _, group := range byChain(send) {
+				settle(res, group, p.send(ctx, k, group))
 			}
+			continue
+		}
+		settle(res, send, err)
+	}
+}
+
+// settle records the outcome of one request: every record's chain gets err,
+// or one more envelope acked.
+func settle(res []outbox.ChainResult, send []pos, err error) {
+	for _, q := range send {
+		if err != nil {
+			res[q.chain].Err = err
+		} else {
+			res[q.chain].Acked++
 		}
 	}
+}
+
+// oneChain reports whether every record of send belongs to one chain.
+func oneChain(send []pos) bool {
+	for _, q := range send {
+		if q.chain != send[0].chain {
+			return false
+		}
+	}
+	return true
+}
+
+// byChain groups the records of send by chain, keeping their order, the
+// chains in the order of their first record.
+func byChain(send []pos) [][]pos {
+	var out [][]pos
+	at := map[int]int{}
+	for _, q := range send {
+		i, ok := at[q.chain]
+		if !ok {
+			i = len(out)
+			at[q.chain] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], q)
+	}
+	return out
 }
 
 // splitRequests cuts one partition's records into requests of at most

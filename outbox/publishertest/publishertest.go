@@ -405,9 +405,14 @@ func testPerKeyOrder(t *testing.T, h Harness) {
 
 // testFailuresReported: a refused envelope in a Publish batch makes Publish
 // return outbox.PublishErrors, one entry per envelope, non-nil for the
-// refused one; the envelopes reported acknowledged are on the topic. In a
-// chain, the refused envelope ends the chain: Acked stops before it, Err is
-// set, and no later envelope of the chain is ever stored.
+// refused one only; the envelopes reported acknowledged are on the topic. In
+// a chain, the refused envelope ends the chain: Acked stops before it, Err is
+// set, and no later envelope of the chain is ever stored, while another
+// key's chain of the same call is acknowledged whole. A refusal is a row
+// error, never outbox.IsUnavailable: the relay would otherwise pause every
+// key for it, and if it failed the other envelopes of its call, every retry
+// of a refused head would charge healthy keys an attempt (and park them in
+// the end).
 func testFailuresReported(t *testing.T, h Harness) {
 	ok1, ok2 := h.envelope(t, "fail-a", 0), h.envelope(t, "fail-c", 0)
 	bad := h.Refuse(h.envelope(t, "fail-b", 0))
@@ -423,6 +428,10 @@ func testFailuresReported(t *testing.T, h Harness) {
 		t.Fatalf("PublishErrors has %d entries for %d envelopes", len(pe), len(batch))
 	case pe[1] == nil:
 		t.Fatalf("PublishErrors %v: the refused envelope is reported acknowledged", []error(pe))
+	case outbox.IsUnavailable(pe[1]):
+		t.Fatalf("the refusal %v is reported as an unavailable broker (outbox.IsUnavailable): it is the row's error", pe[1])
+	case pe[0] != nil || pe[2] != nil:
+		t.Fatalf("PublishErrors %v: the refusal failed the other envelopes of the batch too", []error(pe))
 	}
 	var acked []outbox.Envelope
 	for i, e := range batch {
@@ -438,12 +447,21 @@ func testFailuresReported(t *testing.T, h Harness) {
 	cp, chains := h.Publisher.(outbox.ChainPublisher)
 	if chains {
 		chain = []outbox.Envelope{h.envelope(t, "fail-chain", 0), h.Refuse(h.envelope(t, "fail-chain", 1)), h.envelope(t, "fail-chain", 2)}
-		res = h.publishChains(t, cp, [][]outbox.Envelope{chain})[0]
-		if res.Acked > 1 || res.Err == nil {
+		healthy := []outbox.Envelope{h.envelope(t, "fail-chain-ok", 0), h.envelope(t, "fail-chain-ok", 1)}
+		both := h.publishChains(t, cp, [][]outbox.Envelope{chain, healthy})
+		res = both[0]
+		switch {
+		case res.Acked > 1 || res.Err == nil:
 			t.Fatalf("PublishChains of [ok, refused, ok]: acked %d, err %v; want at most 1 acked and an error", res.Acked, res.Err)
+		case outbox.IsUnavailable(res.Err):
+			t.Fatalf("PublishChains: the refusal %v is reported as an unavailable broker (outbox.IsUnavailable): it is the row's error", res.Err)
+		case both[1].Acked != len(healthy) || both[1].Err != nil:
+			t.Fatalf("PublishChains: another key's chain in the call with the refused one: acked %d of %d, err %v; want it acknowledged whole",
+				both[1].Acked, len(healthy), both[1].Err)
 		}
 		acked = append(acked, chain[:res.Acked]...)
-		sentinels = append(sentinels, h.envelope(t, "fail-chain", 3))
+		acked = append(acked, healthy...)
+		sentinels = append(sentinels, h.envelope(t, "fail-chain", 3), h.envelope(t, "fail-chain-ok", 2))
 	}
 	if err := h.publish(t, sentinels); err != nil {
 		t.Fatalf("Publish of the sentinels: %v", err)

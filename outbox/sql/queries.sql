@@ -40,10 +40,11 @@ select count(pg_advisory_xact_lock(l))::int from (
 -- fragment: claim_rows
 -- The body of both claims, after a CTE cand(seq) of head candidates: it
 -- locks up to $1 heads (FOR UPDATE SKIP LOCKED: a key whose head another
--- relay holds is skipped whole), leaving out the heads in $3 (the ones this
--- transaction already holds), and reads up to greatest(1, ($2 − heads) /
--- keyed heads) later unpublished rows of each head's key in seq order, so
--- that about $2 rows come back in all. Every candidate is the earliest
+-- relay holds is skipped whole), the ones due the longest first (a head
+-- that waited out a retry delay queues again from its retry time), leaving
+-- out the heads in $3 (the ones this transaction already holds), and reads
+-- up to greatest(1, ($2 − heads) / keyed heads) later unpublished rows of
+-- each head's key in seq order, so that about $2 rows come back in all. Every candidate is the earliest
 -- unpublished row of its key in this statement's snapshot (the candidate
 -- sets are built that way), and the followers are read in the same
 -- snapshot, so no "is there an earlier row?" check is needed here; a head
@@ -57,26 +58,29 @@ select count(pg_advisory_xact_lock(l))::int from (
 -- coalesce(published_at, '-infinity') = '-infinity' there so that the
 -- partial indexes (published_at is null) are not candidates: on a table not
 -- yet analyzed Postgres guesses that 0.5% of the rows are unpublished, and
--- would rather scan all of them. kind is 0 for a head, 1 for a follower.
+-- would rather scan all of them. kind is 0 for a head, 1 for a follower;
+-- available_at is when the row became due (the relay prefers the heads due
+-- the longest when it has more candidates than MaxKeys).
 h as materialized (
-  select o.seq, o.id, o.topic, o.key, o.headers, o.payload, o.causation_id, o.attempts, o.message_id
+  select o.seq, o.id, o.topic, o.key, o.headers, o.payload, o.causation_id, o.attempts, o.message_id, o.available_at
   from {{.outbox}} o
   where o.seq = any(array(select seq from cand))
     and not o.seq = any(coalesce($3::bigint[], '{}'))
     and coalesce(o.published_at, '-infinity') = '-infinity'
     and o.parked_at is null and o.available_at <= now()
-  order by o.seq
+  order by o.available_at, o.seq
   limit $1
   for update of o skip locked),
 n as materialized (
   select count(*)::int as heads, greatest(1, ($2::int - count(*)::int) / greatest(count(h.key)::int, 1)) as per_key
   from h),
 r as (
-  select 0 as kind, h.seq, h.id, h.topic, h.key, h.headers, h.payload, h.causation_id, h.attempts, true as ready, h.message_id
+  select 0 as kind, h.seq, h.id, h.topic, h.key, h.headers, h.payload, h.causation_id, h.attempts, true as ready, h.message_id,
+         h.available_at
   from h
   union all
   select 1, f.seq, f.id, f.topic, f.key, f.headers, f.payload, f.causation_id, f.attempts,
-         (f.parked_at is null and f.available_at <= now()), f.message_id
+         (f.parked_at is null and f.available_at <= now()), f.message_id, f.available_at
   from h cross join lateral (
     select * from {{.outbox}} f
     where f.topic = h.topic and f.key = h.key and f.seq > h.seq and f.published_at is null
@@ -104,38 +108,49 @@ cand as (
    order by seq limit $1)),
 {{template "claim_rows" .}}
 select kind, seq, id, topic, key, headers, payload, causation_id, attempts, ready, message_id,
-       (select count(*) from w) >= $4 as full
+       (select count(*) from w) >= $4 as full, available_at
 from r
 order by kind, seq;
 
 -- name: claim_walk
 -- The relay's second claim in a transaction, run only when the first did not
--- fill the batch (the oldest rows are blocked: parked or delayed heads, or
--- keys other relays hold). Head candidates come from a walk over the keys
--- with unpublished rows in (topic, key) order from a cursor ($4, $5), one
--- index descent per key ("loose index scan"), at most $6 keys: the first
--- index entry of a key is its head. It makes every key with a ready head
--- reachable however deep the backlog behind other keys. See claim_rows for
--- $1–$3. A last row (kind 2) reports the walk: seq is how many keys it
--- visited, topic and key the last one (the next cursor).
-with recursive k(topic, key, seq, n) as (
-  (select topic, key, seq, 1 from {{.outbox}}
-   where published_at is null and key is not null and (topic, key) > ($4::text, $5::bytea)
-   order by topic, key, seq limit 1)
+-- fill the batch (the oldest rows are blocked: parked or delayed heads, heads
+-- waiting out a retry delay, or keys other relays hold). Head candidates come
+-- from a walk over the keys with unpublished rows in (topic, key) order from
+-- a cursor ($4, $5), one index descent per key ("loose index scan"): the
+-- first index entry of a key is its head. A key whose head is not due
+-- (parked, or available_at still ahead, by the database's clock), or is in
+-- $3, is stepped over without counting: the walk stops once it has seen $1
+-- due heads, or visited $6 keys, or run out of keys, so blocked keys never
+-- take a batch's place however many sort before a ready one. It makes every
+-- key with a ready head reachable however deep the backlog behind other
+-- keys. See claim_rows for $1–$3. A last row (kind 2) reports the walk: seq
+-- is how many keys it visited, topic and key the last one (the next cursor),
+-- ready whether it ran out of keys (the next walk starts over).
+with recursive k(topic, key, seq, due, n, d) as (
+  (select topic, key, seq, x.due, 1, x.due::int from (
+     select topic, key, seq, parked_at, available_at from {{.outbox}}
+     where published_at is null and key is not null and (topic, key) > ($4::text, $5::bytea)
+     order by topic, key, seq limit 1) f
+   cross join lateral (select f.parked_at is null and f.available_at <= now()
+                              and not f.seq = any(coalesce($3::bigint[], '{}')) as due) x)
   union all
-  (select t.topic, t.key, t.seq, k.n + 1 from k cross join lateral (
-     select topic, key, seq from {{.outbox}}
-     where published_at is null and key is not null and (topic, key) > (k.topic, k.key)
-     order by topic, key, seq limit 1) t
-   where k.n < $6)
+  (select t.topic, t.key, t.seq, t.due, k.n + 1, k.d + t.due::int from k cross join lateral (
+     select f.topic, f.key, f.seq,
+            f.parked_at is null and f.available_at <= now() and not f.seq = any(coalesce($3::bigint[], '{}')) as due
+     from {{.outbox}} f
+     where f.published_at is null and f.key is not null and (f.topic, f.key) > (k.topic, k.key)
+     order by f.topic, f.key, f.seq limit 1) t
+   where k.n < $6 and k.d < $1)
 ),
-last as (select topic, key, n from k order by n desc limit 1),
-cand as (select seq from k),
+last as (select topic, key, n, d from k order by n desc limit 1),
+cand as (select seq from k where due),
 {{template "claim_rows" .}}
-select kind, seq, id, topic, key, headers, payload, causation_id, attempts, ready, message_id, true as full from r
+select kind, seq, id, topic, key, headers, payload, causation_id, attempts, ready, message_id, true as full, available_at from r
 union all
 select 2, coalesce((select n from last), 0)::bigint, '00000000-0000-0000-0000-000000000000'::uuid,
-       coalesce((select topic from last), ''), (select key from last), '{}'::jsonb, null::bytea, '', 0, false, '', true
+       coalesce((select topic from last), ''), (select key from last), '{}'::jsonb, null::bytea, '', 0,
+       coalesce((select n < $6 and d < $1 from last), true), '', true, now()
 order by 1, 2;
 
 -- name: mark_published
