@@ -159,7 +159,10 @@ type HTTPResult struct {
 // handler's writes and the stored response together. A handler failure
 // rolls back to the savepoint set with the claim and marks the record in
 // the same transaction (its attempt counted). Serialization failures and
-// deadlocks are retried whole as Config.TransientRetry says.
+// deadlocks are retried whole as Config.TransientRetry says. The record
+// and its stored response are read in one snapshot: a record the purge
+// deletes meanwhile is replayed as it was, or, once gone, claimed again
+// and run as new.
 //
 // A non-nil error means nothing is known to be durable (database
 // unreachable, ctx ended, connection lost at COMMIT: wraps
