@@ -159,7 +159,10 @@ type HTTPResult struct {
 // handler's writes and the stored response together. A handler failure
 // rolls back to the savepoint set with the claim and marks the record in
 // the same transaction (its attempt counted). Serialization failures and
-// deadlocks are retried whole as Config.TransientRetry says.
+// deadlocks are retried whole as Config.TransientRetry says. The record
+// and its stored response are read in one snapshot: a record the purge
+// deletes meanwhile is replayed as it was, or, once gone, claimed again
+// and run as new.
 //
 // A non-nil error means nothing is known to be durable (database
 // unreachable, ctx ended, connection lost at COMMIT: wraps
@@ -219,9 +222,33 @@ func (h *HTTPStore) try(ctx context.Context, req HTTPRequest, hd HTTPHandler) (H
 	if !held {
 		return HTTPResult{Outcome: HTTPInFlight, Result: dedup.Result{Outcome: dedup.OutcomeRetry, Err: dedup.ErrLeaseHeld}}, nil
 	}
-	rowID, rec, err := s.claim(ctx, tx, claimRun{msg: msg, sum: req.Sum, keyID: req.KeyID, mode: claimProcessing})
+	claim := claimRun{msg: msg, sum: req.Sum, keyID: req.KeyID, mode: claimProcessing}
+	rowID, rec, err := s.claim(ctx, tx, claim)
 	if err != nil {
 		return HTTPResult{}, err
+	}
+	// The record and its stored part are read again in one statement: a
+	// terminal record comes from the claim's read without a lock, and the
+	// purge may delete it (and, by cascade, its stored response) before
+	// this read. A record gone by then is claimed again: the key is new
+	// now, and the request runs as new (once: this transaction holds the
+	// key's lock).
+	var stored httpStored
+	for gone := 0; rec != nil; gone++ {
+		raceHook("http claimed", msg.Identity)
+		if stored, err = h.read(ctx, tx, rec.id); err != nil {
+			return HTTPResult{}, err
+		}
+		if stored.record {
+			break
+		}
+		if gone == 2 {
+			return HTTPResult{}, fmt.Errorf("idemq: http %s: record keeps vanishing", msg.Identity)
+		}
+		claim.release = true // the claim set the handler's savepoint
+		if rowID, rec, err = s.claim(ctx, tx, claim); err != nil {
+			return HTTPResult{}, err
+		}
 	}
 	attempts := 1
 	if rec == nil {
@@ -229,10 +256,6 @@ func (h *HTTPStore) try(ctx context.Context, req HTTPRequest, hd HTTPHandler) (H
 			return HTTPResult{Outcome: HTTPTooManyUnfinished}, nil // rolled back: nothing written
 		}
 	} else {
-		stored, err := h.read(ctx, tx, rec.id)
-		if err != nil {
-			return HTTPResult{}, err
-		}
 		version := req.CanonVersion
 		if stored.found {
 			version = stored.version
@@ -378,27 +401,31 @@ func (h *HTTPStore) upsertFailed(ctx context.Context, tx pgx.Tx, rowID int64, re
 	return nil
 }
 
-// httpStored is the stored part of a record (http_read).
+// httpStored is a record's existence and its stored part (http_read).
 type httpStored struct {
-	found    bool
+	record   bool // the record exists (false: purged since the claim)
+	found    bool // it has a stored part
 	version  int
 	status   int
 	response []byte
 	keyID    string
 }
 
-// read reads the stored part of record rowID.
+// read reads record rowID and its stored part in one statement.
 func (h *HTTPStore) read(ctx context.Context, tx pgx.Tx, rowID int64) (httpStored, error) {
 	var st httpStored
-	var status *int32
-	err := tx.QueryRow(ctx, h.readSQL, rowID).Scan(&st.version, &status, &st.response, &st.keyID)
+	var version, status *int32
+	err := tx.QueryRow(ctx, h.readSQL, rowID).Scan(&version, &status, &st.response, &st.keyID, &st.found)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return st, nil
+		return httpStored{}, nil
 	case err != nil:
 		return httpStored{}, fmt.Errorf("idemq: http read: %w", err)
 	}
-	st.found = true
+	st.record = true
+	if version != nil {
+		st.version = int(*version)
+	}
 	if status != nil {
 		st.status = int(*status)
 	}

@@ -43,32 +43,62 @@ type HTTPStoredRow struct {
 }
 
 // Inspect returns the record of id and its stored part, without a lock,
-// for operators (`idemq inspect`). The message ID is the Idempotency-Key
+// for operators (`idemq inspect`), read in one statement: a record being
+// purged is shown whole (with its stored part) or not found, never
+// without the stored part it had. The message ID is the Idempotency-Key
 // exactly as the middleware stored it (not passed through
 // dedup.NormalizeKey, so a key such as "sha256:…" is found as sent). It
 // returns an error wrapping dedup.ErrNotFound when no record matches.
 func (h *HTTPStore) Inspect(ctx context.Context, id dedup.Identity) (HTTPInspection, error) {
-	s := h.s
-	rec, err := s.lookup(ctx, s.q.lookupByMessageIDSQL, id.Scope, id.MessageID)
-	if err != nil {
-		return HTTPInspection{}, err
-	}
-	out := HTTPInspection{Record: rec}
-	var st HTTPStoredRow
-	var status *int32
-	err = s.pool.QueryRow(ctx, h.inspectSQL, id.Scope, id.MessageID).
-		Scan(&st.Principal, &st.CanonVersion, &st.Unfinished, &status, &st.Response.Stored, &st.Response.SealedBy, &st.UpdatedAt)
+	// One statement, one snapshot: a purge deleting the record and its
+	// stored part is seen whole or not at all.
+	var r dedup.Record
+	var status string
+	var lastErr, lastClass *string
+	var hasStored bool
+	var principal, keyID *string
+	var version, code *int32
+	var unfinished *bool
+	var updated *time.Time
+	var stored []byte
+	err := h.s.pool.QueryRow(ctx, h.inspectSQL, id.Scope, id.MessageID).
+		Scan(&r.Scope, &r.MessageID, &r.BusinessKey, &r.Fingerprint, &r.FingerprintKeyID, &status, &r.Attempts,
+			&lastErr, &lastClass, &r.Fence, &r.Source, &r.ReconsumeTimes, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt,
+			&hasStored, &principal, &version, &unfinished, &code, &stored, &keyID, &updated)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return out, nil
+		return HTTPInspection{}, dedup.ErrNotFound
 	case err != nil:
 		return HTTPInspection{}, fmt.Errorf("idemq: http inspect %s: %w", id, err)
 	}
-	if status != nil {
-		st.Response.Status = int(*status)
+	raceHook("http inspect", id)
+	r.Status = dedup.Status(status)
+	r.LastError, r.LastErrorClass = deref(lastErr), deref(lastClass)
+	out := HTTPInspection{Record: r}
+	if !hasStored {
+		return out, nil
+	}
+	st := HTTPStoredRow{Principal: deref(principal), Unfinished: unfinished != nil && *unfinished,
+		Response: HTTPResponse{Stored: stored, SealedBy: deref(keyID)}}
+	if version != nil {
+		st.CanonVersion = int(*version)
+	}
+	if code != nil {
+		st.Response.Status = int(*code)
+	}
+	if updated != nil {
+		st.UpdatedAt = *updated
 	}
 	out.Stored = &st
 	return out, nil
+}
+
+// deref is *p, or "" for nil.
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
 // DeadLettersByScopePrefix lists the dead letters of every scope that

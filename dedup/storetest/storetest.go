@@ -83,6 +83,11 @@ const scope = "storetest"
 //   - RetentionPurge: a record past its retention is purged (ExpireRecord,
 //     then Purge) and a redelivery of it runs as new; records whose
 //     retention runs, and records not final, stay.
+//   - PurgeMeetsCopies (S27): a processed message's record past its
+//     retention; eight copies and the purge (Purge, or the store's own
+//     expiry) released together, then two more copies: every copy is
+//     processed, a duplicate or (lease mode) held, never an error; exactly
+//     one new handler effect; the last copy is a duplicate of it.
 //   - BatchInOrder (batched mode): one batch with a message, its copy, a
 //     conflicting copy and a failing message gets the per-message outcomes
 //     in order.
@@ -131,6 +136,12 @@ func Run(t *testing.T, f Features, newStore func(t *testing.T) Harness) {
 		}},
 		{"ConcurrentCopies", testConcurrentCopies, nil},
 		{"RetentionPurge", testRetentionPurge, func(f Features, h Harness) string {
+			if f.NoPurge || h.ExpireRecord == nil {
+				return "feature NoPurge: the store keeps records forever"
+			}
+			return ""
+		}},
+		{"PurgeMeetsCopies", testPurgeMeetsCopies, func(f Features, h Harness) string {
 			if f.NoPurge || h.ExpireRecord == nil {
 				return "feature NoPurge: the store keeps records forever"
 			}
@@ -842,6 +853,61 @@ func testRetentionPurge(t *testing.T, f Features, h Harness) {
 	}
 	if res := process(t, h, newMsg(t, "m-live", "", "x"), mustNotRun(t)); res.Outcome != dedup.OutcomeDuplicate {
 		t.Fatalf("copy of the kept message: %+v; want a duplicate", res)
+	}
+}
+
+func testPurgeMeetsCopies(t *testing.T, _ Features, h Harness) {
+	ctx := ctxOf(t)
+	c := &counter{}
+	copyOf := func() *dedup.Message { return newMsg(t, "m-1", "", `{"amount":27}`) }
+	process(t, h, copyOf(), c.handle)
+	if err := h.ExpireRecord(ctx, scope, "m-1"); err != nil {
+		t.Fatalf("ExpireRecord: %v", err)
+	}
+	var processed atomic.Int64
+	deliver := func(i int) dedup.Result {
+		res, err := h.Mode.Process(ctx, copyOf(), c.handle)
+		switch {
+		case err != nil:
+			t.Errorf("copy %d: %v", i, err)
+		case res.Outcome == dedup.OutcomeProcessed:
+			processed.Add(1)
+		case res.Outcome == dedup.OutcomeDuplicate:
+		case res.Outcome == dedup.OutcomeRetry && errors.Is(res.Err, dedup.ErrLeaseHeld):
+		default:
+			t.Errorf("copy %d: %+v; want processed, a duplicate or held", i, res)
+		}
+		return res
+	}
+	// Eight copies and the purge, released by one channel.
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() { <-start; deliver(i) })
+	}
+	wg.Go(func() {
+		<-start
+		if h.Purge != nil {
+			if err := h.Purge(ctx); err != nil {
+				t.Errorf("Purge: %v", err)
+			}
+		}
+	})
+	close(start)
+	wg.Wait()
+	if h.Purge == nil && processed.Load() == 0 {
+		// The store's own expiry: the old record goes by itself.
+		eventually(t, 30*time.Second, "the record past its retention goes", func() bool {
+			_, err := h.Admin.Lookup(ctx, scope, "m-1")
+			return errors.Is(err, dedup.ErrNotFound)
+		})
+	}
+	deliver(8)
+	if last := deliver(9); last.Outcome != dedup.OutcomeDuplicate {
+		t.Errorf("the last copy: %+v; want a duplicate of the new execution", last)
+	}
+	if processed.Load() != 1 || c.effects.Load() != 2 {
+		t.Fatalf("processed %d, handler effects %d; want 1 new execution (2 effects with the first)", processed.Load(), c.effects.Load())
 	}
 }
 

@@ -41,10 +41,15 @@ select count(*) from (
   limit $3) u;
 
 -- name: http_read
--- The stored part of record $1: canonicalization version, status, response
--- and its sealing key ID. No row: the record was not written by an HTTP
--- request (or predates its stored part).
-select canon_version, status, response, response_key_id from {{.http_responses}} where record_id = $1;
+-- Record $1 and its stored part, read in one statement (one snapshot, so a
+-- purge deleting both is seen whole or not at all): canonicalization
+-- version, status, response and its sealing key ID, and whether the record
+-- has a stored part (false: not written by an HTTP request, or it predates
+-- its stored part; the other columns null). No row: the record is gone
+-- (purged since the claim read it): the caller claims again.
+select h.canon_version, h.status, h.response, coalesce(h.response_key_id, ''), h.record_id is not null
+from {{.records}} r left join {{.http_responses}} h on h.record_id = r.id
+where r.id = $1;
 
 -- name: http_upsert
 -- Writes the stored part of record $1 in the handler's transaction: a final
