@@ -107,7 +107,7 @@ func TestCollectorRegistersSeveralTimes(t *testing.T) {
 		}
 	}
 	want := `
-# HELP idemq_transitions_total transition.Machine.Apply calls by target status and result: applied (changed the row), already_applied (a retry), illegal (ErrIllegalTransition), stale_version (ErrStaleVersion), not_found.
+# HELP idemq_transitions_total transition.Machine.Apply calls by target status and result: applied (changed the row), already_applied (a retry, or a late request for a status the row has passed), illegal (ErrIllegalTransition), stale_version (ErrStaleVersion), not_found.
 # TYPE idemq_transitions_total counter
 `
 	for _, to := range []string{"CANCELLED", "PAID", "SHIPPED"} {
