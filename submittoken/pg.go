@@ -140,14 +140,19 @@ func (s *PGStore) Issue(ctx context.Context, db PGDB, scope string) (string, err
 // transaction consumed it; ErrTokenUnknown: never issued in scope,
 // expired, purged or malformed (refused without a statement);
 // ErrInvalidScope; or the database's error, wrapped (in a pgx.Tx, a failed
-// statement aborts the transaction). One UPDATE, and a SELECT when it
-// changed nothing.
+// statement aborts the transaction); a nil db is an error too (the
+// httpidem middleware's lease mode has no transaction: use
+// Store.ConsumeFor there). One UPDATE, and a SELECT when it changed
+// nothing.
 func (s *PGStore) Consume(ctx context.Context, db PGDB, scope, token string) error {
 	if err := checkScope(scope); err != nil {
 		return err
 	}
 	if !wellFormed(token) {
 		return ErrTokenUnknown
+	}
+	if db == nil {
+		return errors.New("submittoken: consume: no transaction (httpidem.FromContext is nil in lease mode: use Store.ConsumeFor there)")
 	}
 	h := tokenHash(token)
 	tag, err := db.Exec(ctx, s.consume, scope, h)

@@ -147,7 +147,9 @@ func (s *Store) ConsumeFor(ctx context.Context, scope, token, owner string) erro
 // token is unused, used by another owner or by Consume, or unknown.
 // Release only what is known to have rolled back: a request whose outcome
 // is unknown (the COMMIT's answer was lost) keeps the token, which its
-// retry gets again. Errors: ErrInvalidScope, or the Redis error (wrapped).
+// retry gets again. Never Release under the httpidem middleware's lease
+// mode: a failed attempt's provider call may have happened, and only the
+// same key (the same downstream key) may retry it. Errors: ErrInvalidScope, or the Redis error (wrapped).
 func (s *Store) Release(ctx context.Context, scope, token, owner string) (bool, error) {
 	if err := checkScope(scope); err != nil {
 		return false, err

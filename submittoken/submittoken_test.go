@@ -159,3 +159,15 @@ func TestPGConfigValidate(t *testing.T) {
 		t.Errorf("Release of a malformed token = %v, %v; want false, nil", ok, err)
 	}
 }
+
+// PGStore.Consume without a transaction (httpidem's lease mode) is an
+// error, not a panic.
+func TestPGConsumeNilDB(t *testing.T) {
+	s, err := NewPG(PGConfig{Table: pgx.Identifier{"submit_tokens"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Consume(t.Context(), nil, "checkout", strings.Repeat("A", TokenLen)); err == nil || errors.Is(err, ErrTokenUnknown) || !strings.Contains(err.Error(), "no transaction") {
+		t.Fatalf("Consume with a nil db = %v; want the no-transaction error", err)
+	}
+}
