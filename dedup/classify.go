@@ -24,7 +24,9 @@ const (
 	// the store's MaxAttempts is reached; the delivery is acked after the mark
 	// commits only when final.
 	FailureHandler FailureClass = "handler"
-	// FailurePermanent is a Permanent error (or bad input): counted, marked
+	// FailurePermanent is a Permanent error (IsPermanent: also an error
+	// whose Permanent() bool method returns true, such as an illegal
+	// transition the entity can never make), or bad input: counted, marked
 	// FAILED_FINAL with a dead letter at once, acked.
 	FailurePermanent FailureClass = "permanent"
 	// FailureTransient is a serialization failure (SQLSTATE 40001) or a
@@ -61,8 +63,9 @@ var ErrOutcomeUnknown = errors.New("idemq: outcome unknown")
 //
 //   - nil: FailureNone;
 //   - an error wrapping ErrOutcomeUnknown: FailureOutcomeUnknown;
-//   - a Permanent error: FailurePermanent (the caller's explicit word wins
-//     over what it wraps);
+//   - a Permanent error, or one whose Permanent() bool method returns true
+//     (IsPermanent): FailurePermanent (the caller's explicit word wins over
+//     what it wraps);
 //   - an error with a SQLState() string method anywhere in the chain (a
 //     *pgconn.PgError, or any SQL driver's server error that has one):
 //     ClassifySQLState of its code;

@@ -31,17 +31,31 @@ func Permanent(err error) error {
 }
 
 // IsPermanent reports whether err, or any error it wraps, was made by
-// Permanent.
+// Permanent, or has a method Permanent() bool that returns true: the way
+// a package that imports nothing of idemq says that retrying cannot help
+// (transition.IllegalTransitionError does, for a move the entity can never
+// make). Every store and mode reads permanence through IsPermanent.
 func IsPermanent(err error) bool {
 	var p *permanentError
-	return errors.As(err, &p)
+	if errors.As(err, &p) {
+		return true
+	}
+	return hasPermanentMethod(err)
+}
+
+// hasPermanentMethod reports whether an error in err's chain has a
+// Permanent() bool method that returns true.
+func hasPermanentMethod(err error) bool {
+	var p interface{ Permanent() bool }
+	return errors.As(err, &p) && p.Permanent()
 }
 
 // ErrorClass classifies a handler error for the last_error_class column and
 // metrics. Results:
 //
-//   - "permanent" for Permanent errors (their cause is classified after a
-//     colon, e.g. "permanent:error");
+//   - "permanent" for Permanent errors and errors whose Permanent() bool
+//     method returns true (see IsPermanent; their cause is classified
+//     after a colon, e.g. "permanent:error");
 //   - "pg:<SQLSTATE>" or "pg:<SQLSTATE>:<constraint>" for a SQL server error
 //     anywhere in the chain (an error with a SQLState() string method, such as
 //     *pgconn.PgError; the constraint comes from a ConstraintName field or
@@ -58,10 +72,14 @@ func ErrorClass(err error) string {
 	if err == nil {
 		return ""
 	}
-	var p *permanentError
-	if errors.As(err, &p) {
-		return "permanent:" + ErrorClass(p.err)
+	if IsPermanent(err) {
+		return "permanent:" + errorClass(err)
 	}
+	return errorClass(err)
+}
+
+// errorClass is ErrorClass without the "permanent" prefix.
+func errorClass(err error) string {
 	var state sqlStater
 	if errors.As(err, &state) {
 		if c := constraintName(state); c != "" {

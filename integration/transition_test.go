@@ -8,11 +8,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/transition"
 	"github.com/jackc/pgx/v5"
 )
@@ -303,4 +306,102 @@ func TestTransitionProviderCallbackThreeTimes(t *testing.T) {
 			t.Fatalf("%d paid events, want 1", n)
 		}
 	})
+}
+
+// s26Rules is S26's declared path NEW → AUTHORIZED → CAPTURED → SETTLED,
+// with the branch AUTHORIZED → VOIDED that never reaches CAPTURED.
+var s26Rules = append(transition.Path("NEW", "AUTHORIZED", "CAPTURED", "SETTLED"), transition.Rule{From: "AUTHORIZED", To: "VOIDED"})
+
+// S26 through consumer.Run on a real Kafka topic and the Postgres store,
+// MaxAttempts 3, in atomic, batched and lease mode: order o-26 is SETTLED
+// (version 3) and the provider sends CAPTURED for it twice (c-1, c-2): each
+// is already applied (no change, version 3) and processed at its first
+// delivery, without a dead letter. A CAPTURED for o-26v, which is VOIDED
+// and can never reach CAPTURED (c-3), is refused once: FAILED_FINAL at
+// attempt 1 with a permanent_error dead letter, not retried.
+func TestTransitionLateCallbackS26(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"atomic", "batched", "lease"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, func(c *pgstore.Config) { c.MaxAttempts = 3 })
+			e.exec(`create table ` + e.table("payments26") + ` (id text primary key, status text not null, version bigint not null)`)
+			e.exec(`insert into ` + e.table("payments26") + ` values ('o-26', 'SETTLED', 3), ('o-26v', 'VOIDED', 2)`)
+			m, err := transition.New(transition.Config{Table: pgx.Identifier{e.schema, "payments26"}, Rules: s26Rules})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			calls := map[string]int{}
+			results := map[string][]transition.Result{}
+			apply := func(ctx context.Context, db transition.DB, msg *dedup.Message) error {
+				res, err := m.Apply(ctx, db, string(msg.Payload), "CAPTURED")
+				mu.Lock()
+				calls[msg.Identity.MessageID]++
+				results[msg.Identity.MessageID] = append(results[msg.Identity.MessageID], res)
+				mu.Unlock()
+				return err
+			}
+			topic, group := newTopic(t, 1), randomName("g-")
+			cfg := consumer.Config{Scope: group, Store: e.store}
+			switch mode {
+			case "atomic":
+				cfg.Handler = func(ctx context.Context, tx pgx.Tx, msg *dedup.Message) error { return apply(ctx, tx, msg) }
+			case "batched":
+				cfg.Handler = func(ctx context.Context, tx pgx.Tx, msg *dedup.Message) error { return apply(ctx, tx, msg) }
+				cfg.BatchSize, cfg.BatchWait = 3, 200*time.Millisecond
+			case "lease":
+				cfg.LeaseHandler = func(ctx context.Context, msg *dedup.Message) error { return apply(ctx, e.pool, msg) }
+			}
+			var counters consumer.Counters
+			cfg.Metrics = &counters
+			produce(t, topic, kmsg{id: "c-1", payload: "o-26"}, kmsg{id: "c-2", payload: "o-26"}, kmsg{id: "c-3", payload: "o-26v"})
+			r := startConsumer(t, cfg, newSpySource(t, group, topic))
+			waitCaughtUp(t, group, topic)
+			r.stop(t)
+
+			for _, id := range []string{"c-1", "c-2"} {
+				rec := e.record(group, id)
+				if rec.Status != dedup.StatusSucceeded || rec.Attempts != 1 {
+					t.Fatalf("%s (CAPTURED on a SETTLED order) = %s at attempt %d (%s); want SUCCEEDED at attempt 1", id, rec.Status, rec.Attempts, rec.LastError)
+				}
+				mu.Lock()
+				res := results[id]
+				mu.Unlock()
+				if last := res[len(res)-1]; !last.AlreadyApplied || last.Changed || last.Version != 3 {
+					t.Fatalf("%s: Apply = %+v; want already applied at version 3", id, last)
+				}
+			}
+			rec := e.record(group, "c-3")
+			if rec.Status != dedup.StatusFailedFinal || rec.Attempts != 1 || rec.LastErrorClass != "permanent:error" {
+				t.Fatalf("c-3 (CAPTURED on a VOIDED order) = %s at attempt %d, class %q; want FAILED_FINAL at attempt 1, class permanent:error", rec.Status, rec.Attempts, rec.LastErrorClass)
+			}
+			dls := e.deadLetters(group)
+			if len(dls) != 1 || dls[0].MessageID != "c-3" || dls[0].Reason != dedup.ReasonPermanentError || dls[0].Attempts != 1 || !strings.Contains(dls[0].Error, "illegal transition VOIDED → CAPTURED") {
+				t.Fatalf("dead letters = %+v; want one, c-3, permanent_error at attempt 1", dls)
+			}
+			if mode != "batched" { // batched: a failing batch is rerun one message per transaction
+				mu.Lock()
+				defer mu.Unlock()
+				for _, id := range []string{"c-1", "c-2", "c-3"} {
+					if calls[id] != 1 {
+						t.Fatalf("handler calls = %v; want 1 each", calls)
+					}
+				}
+			}
+			for id, want := range map[string]string{"o-26": "SETTLED", "o-26v": "VOIDED"} {
+				var status string
+				var version int64
+				if err := e.pool.QueryRow(e.ctx, `select status, version from `+e.table("payments26")+` where id = $1`, id).Scan(&status, &version); err != nil {
+					t.Fatal(err)
+				}
+				if status != want || version != map[string]int64{"o-26": 3, "o-26v": 2}[id] {
+					t.Fatalf("%s is %s at version %d; want %s unchanged", id, status, version, want)
+				}
+			}
+			if counters.Get("retry") != 0 {
+				t.Fatalf("counters = %v; want no retry", counters.Snapshot())
+			}
+		})
+	}
 }

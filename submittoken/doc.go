@@ -1,13 +1,14 @@
 // Package submittoken is the one-time submit token for HTML forms, on Redis
-// (github.com/redis/go-redis/v9): the classic defence against a
-// double-clicked "Pay" button.
+// (github.com/redis/go-redis/v9, Store) or in a Postgres table (PGStore):
+// the classic defence against a double-clicked "Pay" button.
 //
 // The page that renders the form calls Store.Issue and puts the token in a
 // hidden field; the handler that receives the form calls Store.Consume with
 // it before doing anything else. The first submit consumes the token; every
 // later submit of the same token gets ErrTokenUsed, and the handler answers
-// 409 Conflict, or, when the form also carries an Idempotency-Key (the
-// httpidem middleware), lets that layer replay the first response.
+// 409 Conflict. When the form also carries an Idempotency-Key (the httpidem
+// middleware), consume with ConsumeFor or PGStore.Consume instead (see "A
+// token with an Idempotency-Key"), so that a retry of a failed attempt runs.
 //
 //	tok, err := tokens.Issue(ctx, "checkout:"+sessionID) // render <input type="hidden" name="submit_token" value="{{tok}}">
 //	...
@@ -66,10 +67,42 @@
 // token answers the double-click early, the key makes a retried submit a
 // replay.
 //
+// # A token with an Idempotency-Key
+//
+// Under the httpidem middleware the token must share the request's fate:
+// when an attempt fails retryably (the handler answers 503, its
+// transaction rolls back), the retry with the same key and token must run
+// again, not meet its own used token. Plain Consume cannot know that: the
+// retry gets ErrTokenUsed, the handler answers 409, which the middleware
+// counts as another failed attempt until the key is exhausted, and the
+// purchase never completes. Two ways that work:
+//
+//   - Redis: ConsumeFor(ctx, scope, token, info.DownstreamKey()) in the
+//     handler (info from httpidem.InfoFromContext). The token is used for
+//     that key: the key's retries get nil again (the middleware then
+//     reruns a failed attempt or replays a finished one without calling
+//     the handler), another key gets ErrTokenUsed. When the handler answers
+//     a retryable failure it calls Release, so the token is unused again.
+//     A rollback the handler cannot see (a crash between ConsumeFor and
+//     COMMIT, a COMMIT that failed) leaves the token held by its key: that
+//     key's retry goes on, no other request can use it, and it expires
+//     with its TTL. A token used by a key whose attempt succeeded stays
+//     used.
+//   - Postgres: PGStore.Consume(ctx, httpidem.FromContext(ctx), scope,
+//     token) consumes the token in the request's own transaction, so it is
+//     used exactly when the request's work commits and unused whenever it
+//     rolls back, a crash included. A concurrent submit with another key
+//     waits on the token's row and then finds it used (or, when the first
+//     rolled back, consumes it).
+//
+// Either way a different key with a token that a committed request used
+// is refused with ErrTokenUsed ("already submitted").
+//
 // # Metrics
 //
 // Store.Collector exports idemq_submit_tokens_issued_total and
 // idemq_submit_token_consumes_total{result} (consumed, reused, unknown,
-// error); result="reused" counts second submits. Store.Stats returns the
-// same numbers.
+// error), counting Consume and ConsumeFor calls; result="reused" counts
+// second submits. Store.Stats returns the same numbers, and Released
+// (tokens Release gave back). PGStore keeps no counters.
 package submittoken

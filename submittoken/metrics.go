@@ -6,16 +6,21 @@ import "github.com/prometheus/client_golang/prometheus"
 type Stats struct {
 	// Issued counts tokens Issue stored.
 	Issued int64
-	// Consumed counts Consume calls that consumed a token (nil).
+	// Consumed counts Consume and ConsumeFor calls that consumed a token
+	// (nil; ConsumeFor's repeats for the same owner included).
 	Consumed int64
-	// Reused counts Consume calls that found the token used: second submits
+	// Reused counts Consume and ConsumeFor calls that found the token used: second submits
 	// (ErrTokenUsed).
 	Reused int64
-	// Unknown counts Consume calls that found no such token
+	// Unknown counts Consume and ConsumeFor calls that found no such token
 	// (ErrTokenUnknown: never issued, expired, or malformed).
 	Unknown int64
-	// Errors counts Consume calls that failed on Redis (outcome unknown).
+	// Errors counts Consume and ConsumeFor calls that failed on Redis
+	// (outcome unknown).
 	Errors int64
+	// Released counts tokens Release gave back (an attempt that rolled
+	// back).
+	Released int64
 }
 
 // Stats returns the Store's counters.
@@ -26,6 +31,7 @@ func (s *Store) Stats() Stats {
 		Reused:   s.stats.reused.Load(),
 		Unknown:  s.stats.unknown.Load(),
 		Errors:   s.stats.errors.Load(),
+		Released: s.stats.released.Load(),
 	}
 }
 

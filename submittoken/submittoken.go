@@ -3,6 +3,7 @@ package submittoken
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -43,7 +44,7 @@ type Store struct {
 }
 
 type counters struct {
-	issued, consumed, reused, unknown, errors atomic.Int64
+	issued, consumed, reused, unknown, errors, released atomic.Int64
 }
 
 // New returns a Store for cfg (defaults applied), or an error wrapping
@@ -90,7 +91,9 @@ func (s *Store) Issue(ctx context.Context, scope string) (string, error) {
 }
 
 // Consume uses token in scope, once: nil the first time (the caller goes on
-// with the submit), then ErrTokenUsed. ErrTokenUnknown for a token that was
+// with the submit), then ErrTokenUsed. Under an Idempotency-Key use
+// ConsumeFor instead (see the package documentation): Consume refuses the
+// retry of a request whose first attempt failed. ErrTokenUnknown for a token that was
 // never issued in scope, has expired or is malformed; ErrInvalidScope; or
 // the Redis error (wrapped: the outcome is unknown, see the package
 // documentation). One round trip (a Lua script); safe under go-redis's
@@ -107,8 +110,78 @@ func (s *Store) Consume(ctx context.Context, scope, token string) error {
 	if _, err := rand.Read(id[:]); err != nil {
 		return fmt.Errorf("submittoken: consume: %w", err)
 	}
+	return s.consume(ctx, scope, token, "c:"+base64.RawURLEncoding.EncodeToString(id[:]))
+}
+
+// ConsumeFor uses token in scope for owner, the request it is submitted
+// with (give it the Idempotency-Key's identity: httpidem.Info's
+// DownstreamKey). nil the first time, and again for every later call of
+// the same owner (a retry of the same request goes on, and the key layer
+// replays or reruns it); ErrTokenUsed for any other owner, or when Consume
+// used the token; ErrTokenUnknown and ErrInvalidScope as Consume; an empty
+// owner is ErrInvalidScope too. The token stays the owner's until it
+// expires, so a crash between ConsumeFor and the commit of the request's
+// work loses nothing: the request's retry (same key) gets the token, and
+// no other request can. When the request's attempt rolled back, Release
+// gives the token back for any owner. One round trip; safe under
+// go-redis's command retries.
+func (s *Store) ConsumeFor(ctx context.Context, scope, token, owner string) error {
+	if err := checkScope(scope); err != nil {
+		return err
+	}
+	if owner == "" {
+		return fmt.Errorf("%w: empty owner", ErrInvalidScope)
+	}
+	if !wellFormed(token) {
+		s.stats.unknown.Add(1)
+		return ErrTokenUnknown
+	}
+	return s.consume(ctx, scope, token, ownerID(owner))
+}
+
+// Release gives back a token that ConsumeFor used for owner, when the
+// owner's attempt rolled back (its handler answered a retryable failure):
+// the token is unused again, with the rest of its key's TTL (at least
+// Config.UsedTTL from its use), and the next submit of any owner may
+// consume it. It reports whether it released the token: false when the
+// token is unused, used by another owner or by Consume, or unknown.
+// Release only what is known to have rolled back: a request whose outcome
+// is unknown (the COMMIT's answer was lost) keeps the token, which its
+// retry gets again. Never Release under the httpidem middleware's lease
+// mode: a failed attempt's provider call may have happened, and only the
+// same key (the same downstream key) may retry it. Errors: ErrInvalidScope, or the Redis error (wrapped).
+func (s *Store) Release(ctx context.Context, scope, token, owner string) (bool, error) {
+	if err := checkScope(scope); err != nil {
+		return false, err
+	}
+	if owner == "" {
+		return false, fmt.Errorf("%w: empty owner", ErrInvalidScope)
+	}
+	if !wellFormed(token) {
+		return false, nil
+	}
+	n, err := releaseScript.Run(ctx, s.cfg.Client, []string{s.key(scope, token)}, ownerID(owner)).Int()
+	if err != nil {
+		return false, fmt.Errorf("submittoken: release: %w", err)
+	}
+	if n == 1 {
+		s.stats.released.Add(1)
+	}
+	return n == 1, nil
+}
+
+// ownerID is the value part that marks a token used by owner: "o:" and
+// base64url of SHA-256 over owner (fixed length, reveals nothing).
+func ownerID(owner string) string {
+	h := sha256.Sum256([]byte(owner))
+	return "o:" + base64.RawURLEncoding.EncodeToString(h[:])
+}
+
+// consume runs consumeScript for a consumer ID ("c:…" for one Consume
+// call, "o:…" for an owner).
+func (s *Store) consume(ctx context.Context, scope, token, id string) error {
 	res, err := consumeScript.Run(ctx, s.cfg.Client, []string{s.key(scope, token)},
-		base64.RawURLEncoding.EncodeToString(id[:]), s.cfg.UsedTTL.Milliseconds()).Int()
+		id, s.cfg.UsedTTL.Milliseconds()).Int()
 	if err != nil {
 		s.stats.errors.Add(1)
 		return fmt.Errorf("submittoken: consume: %w", err)
@@ -127,13 +200,23 @@ func (s *Store) Consume(ctx context.Context, scope, token string) error {
 }
 
 // issuedValue is the value of an issued, unused token; a consumed one holds
-// "used:<consume call ID>".
+// "used:<consumer ID>": "c:<Consume call ID>" or "o:<owner hash>".
 const issuedValue = "issued"
 
 // consumeScript: KEYS[1] the token's key; ARGV[1] the Consume call's ID,
 // ARGV[2] UsedTTL in ms. Returns 1 consumed by this call (now, or by an
 // earlier run of the same call that go-redis sent again), 2 consumed by
 // another call, 0 unknown.
+// releaseScript: KEYS[1] the token's key; ARGV[1] the owner's consumer
+// ID. Sets the value back to issued (keeping the TTL) when the owner holds
+// it; returns 1 when released, else 0.
+var releaseScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v ~= 'used:' .. ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], 'issued', 'KEEPTTL')
+return 1
+`)
+
 var consumeScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end

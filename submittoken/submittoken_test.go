@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
@@ -110,5 +111,63 @@ idemq_submit_token_consumes_total{result="unknown"} 0
 `
 	if err := testutil.GatherAndCompare(r1, strings.NewReader(want), "idemq_submit_token_consumes_total"); err != nil {
 		t.Error(err)
+	}
+}
+
+func TestPGConfigValidate(t *testing.T) {
+	long := strings.Repeat("t", 64)
+	for _, c := range []struct {
+		cfg   PGConfig
+		field string
+	}{
+		{PGConfig{}, "Table"},
+		{PGConfig{Table: pgx.Identifier{"a", "b", "c", "d"}}, "Table"},
+		{PGConfig{Table: pgx.Identifier{"shop", ""}}, "Table[1]"},
+		{PGConfig{Table: pgx.Identifier{long}}, "Table[0]"},
+		{PGConfig{Table: pgx.Identifier{"a\x00b"}}, "Table[0]"},
+		{PGConfig{Table: pgx.Identifier{"tokens"}, TTL: time.Millisecond}, "TTL"},
+		{PGConfig{Table: pgx.Identifier{"tokens"}, TTL: MaxTTL + time.Second}, "TTL"},
+		{PGConfig{Table: pgx.Identifier{"tokens"}, UsedTTL: -time.Second}, "UsedTTL"},
+	} {
+		if _, err := NewPG(c.cfg); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("NewPG(%+v) = %v, want ErrInvalidConfig naming %s", c.cfg, err, c.field)
+		}
+	}
+	s, err := NewPG(PGConfig{Table: pgx.Identifier{"shop", "submit_tokens"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Config(); got.TTL != DefaultTTL || got.UsedTTL != DefaultUsedTTL {
+		t.Errorf("defaults = %+v", got)
+	}
+	// Malformed tokens, bad scopes and an empty owner are refused before
+	// any statement (db is nil: a statement would panic).
+	if err := s.Consume(t.Context(), nil, "checkout", "short"); !errors.Is(err, ErrTokenUnknown) {
+		t.Errorf("Consume of a malformed token = %v, want ErrTokenUnknown", err)
+	}
+	if err := s.Consume(t.Context(), nil, "", strings.Repeat("A", TokenLen)); !errors.Is(err, ErrInvalidScope) {
+		t.Errorf("Consume with an empty scope = %v, want ErrInvalidScope", err)
+	}
+	if _, err := s.Purge(t.Context(), nil, 0); err == nil {
+		t.Error("Purge with limit 0: no error")
+	}
+	rs, _ := New(Config{Client: redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})})
+	if err := rs.ConsumeFor(t.Context(), "checkout", strings.Repeat("A", TokenLen), ""); !errors.Is(err, ErrInvalidScope) {
+		t.Errorf("ConsumeFor with an empty owner = %v, want ErrInvalidScope", err)
+	}
+	if ok, err := rs.Release(t.Context(), "checkout", "short", "owner"); ok || err != nil {
+		t.Errorf("Release of a malformed token = %v, %v; want false, nil", ok, err)
+	}
+}
+
+// PGStore.Consume without a transaction (httpidem's lease mode) is an
+// error, not a panic.
+func TestPGConsumeNilDB(t *testing.T) {
+	s, err := NewPG(PGConfig{Table: pgx.Identifier{"submit_tokens"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Consume(t.Context(), nil, "checkout", strings.Repeat("A", TokenLen)); err == nil || errors.Is(err, ErrTokenUnknown) || !strings.Contains(err.Error(), "no transaction") {
+		t.Fatalf("Consume with a nil db = %v; want the no-transaction error", err)
 	}
 }

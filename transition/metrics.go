@@ -16,7 +16,8 @@ type Counts struct {
 	// Applied counts calls that changed the row.
 	Applied int64
 	// AlreadyApplied counts calls that found the row in the target status
-	// already (retries).
+	// already (retries), or in a status that has passed it (late
+	// requests, Machine.Passed).
 	AlreadyApplied int64
 	// Illegal counts ErrIllegalTransition.
 	Illegal int64
@@ -49,7 +50,7 @@ func (m *Machine) Stats() map[string]Counts {
 // registries too.
 func (m *Machine) Collector() prometheus.Collector {
 	return collector{m: m, desc: prometheus.NewDesc("idemq_transitions_total",
-		"transition.Machine.Apply calls by target status and result: applied (changed the row), already_applied (a retry), illegal (ErrIllegalTransition), stale_version (ErrStaleVersion), not_found.",
+		"transition.Machine.Apply calls by target status and result: applied (changed the row), already_applied (a retry, or a late request for a status the row has passed), illegal (ErrIllegalTransition), stale_version (ErrStaleVersion), not_found.",
 		[]string{"to", "result"}, prometheus.Labels{"entity": m.cfg.Entity})}
 }
 

@@ -12,8 +12,9 @@ import (
 
 var (
 	// ErrIllegalTransition is matched (errors.Is) by the error of an Apply
-	// whose row is in a status the rules do not allow `to` from, and which
-	// is not `to` already. The error is an *IllegalTransitionError.
+	// whose row is in a status the rules do not allow `to` from, which is
+	// not `to` already and which `to` has not been passed on the way to
+	// (Machine.Passed). The error is an *IllegalTransitionError.
 	ErrIllegalTransition = errors.New("transition: illegal transition")
 	// ErrStaleVersion is matched by the error of an Apply with IfVersion
 	// whose row has another version: it changed since the caller read it.
@@ -33,7 +34,19 @@ type IllegalTransitionError struct {
 	Status  string // the row's current status
 	Version int64  // the row's current version
 	To      string // the status asked for
+	// Reachable is true when the rules still lead from Status to To in
+	// more than one step (Machine.Reachable): the request came early or
+	// out of order, and may succeed once the missing steps are applied.
+	// False: the row can never reach To from Status, and retrying cannot
+	// help (Permanent).
+	Reachable bool
 }
+
+// Permanent reports whether retrying cannot help: the rules never lead
+// from Status to To (Reachable is false). idemq's consumer reads it
+// (dedup.IsPermanent): such a message is dead-lettered at its first
+// attempt instead of after the store's MaxAttempts.
+func (e *IllegalTransitionError) Permanent() bool { return !e.Reachable }
 
 func (e *IllegalTransitionError) Error() string {
 	return fmt.Sprintf("transition: %s %v: illegal transition %s → %s (version %d)", e.Entity, e.ID, e.Status, e.To, e.Version)
@@ -68,8 +81,12 @@ type DB interface {
 
 // Result is what an Apply that returned no error did.
 type Result struct {
-	// To is the status asked for, which the row now has.
+	// To is the status asked for.
 	To string
+	// Status is the row's status after the call: To, or, when
+	// AlreadyApplied for a passed state (Passed), the later status the
+	// row is in.
+	Status string
 	// Version is the row's version after the call: the incremented one
 	// when Changed, the current one when AlreadyApplied.
 	Version int64
@@ -77,7 +94,9 @@ type Result struct {
 	Changed bool
 	// AlreadyApplied is true when the row already had status To (and,
 	// with IfVersion(v), version v+1): a retry of a transition that was
-	// applied before. Nothing was written.
+	// applied before; or, without IfVersion, when the row is in a status
+	// that To has been passed on the way to (Machine.Passed; Status says
+	// which): a late repeat. Nothing was written.
 	AlreadyApplied bool
 }
 
@@ -111,11 +130,12 @@ func Into(dest ...any) Option {
 // Machine applies the transitions of one entity. Safe for concurrent use.
 type Machine struct {
 	cfg      Config
-	from     map[string][]string // to → the statuses it is allowed from, in rule order
-	update   string              // $1 id, $2 to, $3 from (text[])
-	updateV  string              // … $4 version
-	diagnose string              // $1 id
-	counts   map[string]*counts  // to → outcome counters
+	from     map[string][]string        // to → the statuses it is allowed from, in rule order
+	reach    map[string]map[string]bool // s → the statuses one or more rules lead to from s
+	update   string                     // $1 id, $2 to, $3 from (text[])
+	updateV  string                     // … $4 version
+	diagnose string                     // $1 id
+	counts   map[string]*counts         // to → outcome counters
 }
 
 // New returns a Machine for cfg (defaults applied), or an error wrapping
@@ -133,6 +153,7 @@ func New(cfg Config) (*Machine, error) {
 			m.counts[r.To] = new(counts)
 		}
 	}
+	m.reach = reachability(cfg.Rules)
 	tbl := cfg.Table.Sanitize()
 	id, status, version := ident(cfg.IDColumn), ident(cfg.StatusColumn), ident(cfg.VersionColumn)
 	var ret string
@@ -154,6 +175,55 @@ func (m *Machine) Config() Config { return m.cfg }
 // Allowed reports whether the rules allow from → to.
 func (m *Machine) Allowed(from, to string) bool { return slices.Contains(m.from[to], from) }
 
+// Reachable reports whether the rules lead from `from` to `to` in one or
+// more transitions. A status on a cycle reaches itself.
+func (m *Machine) Reachable(from, to string) bool { return m.reach[from][to] }
+
+// Passed reports whether a row in status current has passed `to`: the
+// rules lead from `to` to current (`to` is an ancestor of current on a
+// declared path), and not back from current to `to`. A row that is
+// SETTLED has passed CAPTURED on NEW → AUTHORIZED → CAPTURED → SETTLED; a
+// VOIDED one (AUTHORIZED → VOIDED) has not. On a cycle through both
+// (current and `to` reach each other), which came first cannot be told
+// from the status alone (a late repeat of this round, or an early request
+// of the next), so Passed is false and Apply refuses the move as illegal,
+// not permanent (IllegalTransitionError.Reachable). A status is never
+// passed by itself.
+func (m *Machine) Passed(current, to string) bool {
+	return current != to && m.reach[to][current] && !m.reach[current][to]
+}
+
+// reachability returns, for every status of rules, the statuses one or
+// more rules lead to from it (a breadth-first walk from each: states ×
+// rules steps, at New).
+func reachability(rules []Rule) map[string]map[string]bool {
+	next := map[string][]string{}
+	for _, r := range rules {
+		next[r.From] = append(next[r.From], r.To)
+	}
+	reach := map[string]map[string]bool{}
+	for _, r := range rules {
+		for _, s := range []string{r.From, r.To} {
+			if reach[s] != nil {
+				continue
+			}
+			seen := map[string]bool{}
+			queue := append([]string(nil), next[s]...)
+			for len(queue) > 0 {
+				n := queue[0]
+				queue = queue[1:]
+				if seen[n] {
+					continue
+				}
+				seen[n] = true
+				queue = append(queue, next[n]...)
+			}
+			reach[s] = seen
+		}
+	}
+	return reach
+}
+
 // maxRaces bounds Apply's UPDATE: the UPDATE is run again only when it
 // changed nothing yet the row, read right after, allows the transition (a
 // concurrent transaction moved it out of and back into an allowed status in
@@ -163,8 +233,10 @@ const maxRaces = 3
 // Apply moves the row whose IDColumn is id to status `to`, in one UPDATE on
 // db (see the package documentation), and returns what it did:
 // Result.Changed, or Result.AlreadyApplied for a retry of an applied
-// transition. Errors: ErrUnknownState (no rule leads to `to`),
-// *IllegalTransitionError (ErrIllegalTransition), *StaleVersionError
+// transition or a late one for a status the row has passed (Passed).
+// Errors: ErrUnknownState (no rule leads to `to`),
+// *IllegalTransitionError (ErrIllegalTransition; Permanent when the row
+// can never reach `to`), *StaleVersionError
 // (ErrStaleVersion, with IfVersion), ErrNotFound, or the database's error,
 // wrapped (in a pgx.Tx, a failed statement aborts the transaction).
 func (m *Machine) Apply(ctx context.Context, db DB, id any, to string, opts ...Option) (Result, error) {
@@ -202,15 +274,15 @@ func (m *Machine) Apply(ctx context.Context, db DB, id any, to string, opts ...O
 			return Result{}, fmt.Errorf("%w: %s %v", ErrNotFound, m.cfg.Entity, id)
 		case err != nil:
 			return Result{}, fmt.Errorf("transition: %s %v: read after the update matched nothing: %w", m.cfg.Entity, id, err)
-		case status == to && (!o.hasVersion || version == o.version+1):
+		case status == to && (!o.hasVersion || version == o.version+1), !o.hasVersion && m.Passed(status, to):
 			c.alreadyApplied.Add(1)
-			return Result{To: to, Version: version, AlreadyApplied: true}, nil
-		case status == to || slices.Contains(from, status) && o.hasVersion && version != o.version:
+			return Result{To: to, Status: status, Version: version, AlreadyApplied: true}, nil
+		case status == to || m.Passed(status, to) || slices.Contains(from, status) && o.hasVersion && version != o.version:
 			c.stale.Add(1)
 			return Result{}, &StaleVersionError{Entity: m.cfg.Entity, ID: id, Status: status, Version: version, Want: o.version, To: to}
 		case !slices.Contains(from, status):
 			c.illegal.Add(1)
-			return Result{}, &IllegalTransitionError{Entity: m.cfg.Entity, ID: id, Status: status, Version: version, To: to}
+			return Result{}, &IllegalTransitionError{Entity: m.cfg.Entity, ID: id, Status: status, Version: version, To: to, Reachable: m.Reachable(status, to)}
 		}
 		// The row allows the transition now: it changed between the two
 		// statements. Try again.
@@ -233,5 +305,5 @@ func (m *Machine) tryUpdate(ctx context.Context, db DB, id any, to string, from 
 	case err != nil:
 		return Result{}, fmt.Errorf("transition: %s %v → %s: %w", m.cfg.Entity, id, to, err)
 	}
-	return Result{To: to, Version: version, Changed: true}, nil
+	return Result{To: to, Status: to, Version: version, Changed: true}, nil
 }

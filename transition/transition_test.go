@@ -107,7 +107,7 @@ func TestCollectorRegistersSeveralTimes(t *testing.T) {
 		}
 	}
 	want := `
-# HELP idemq_transitions_total transition.Machine.Apply calls by target status and result: applied (changed the row), already_applied (a retry), illegal (ErrIllegalTransition), stale_version (ErrStaleVersion), not_found.
+# HELP idemq_transitions_total transition.Machine.Apply calls by target status and result: applied (changed the row), already_applied (a retry, or a late request for a status the row has passed), illegal (ErrIllegalTransition), stale_version (ErrStaleVersion), not_found.
 # TYPE idemq_transitions_total counter
 `
 	for _, to := range []string{"CANCELLED", "PAID", "SHIPPED"} {
@@ -184,5 +184,119 @@ func TestApplyRetriesARaceBounded(t *testing.T) {
 	db = &fakeDB{updates: []*int64{nil, nil, nil}, rows: []*fakeRow{{"PENDING", 2}, {"PENDING", 4}, {"PENDING", 6}}}
 	if _, err := m.Apply(t.Context(), db, "o-1", "PAID"); err == nil || !strings.Contains(err.Error(), "kept changing") || len(db.calls) != 2*maxRaces {
 		t.Fatalf("Apply on a row that keeps changing = %v after %v; want an error after %d rounds", err, db.calls, maxRaces)
+	}
+}
+
+// s26Rules is S26's declared path NEW → AUTHORIZED → CAPTURED → SETTLED,
+// with the branch AUTHORIZED → VOIDED that never reaches CAPTURED.
+var s26Rules = append(Path("NEW", "AUTHORIZED", "CAPTURED", "SETTLED"), Rule{From: "AUTHORIZED", To: "VOIDED"})
+
+// permanent reports whether err says that retrying cannot help, the way
+// dedup.IsPermanent reads it (a Permanent() bool method in the chain).
+func permanent(err error) bool {
+	var p interface{ Permanent() bool }
+	return errors.As(err, &p) && p.Permanent()
+}
+
+// S26: a late CAPTURED for an order that is SETTLED (a state CAPTURED
+// leads to) is already applied: nothing written, the current version; a
+// CAPTURED for a VOIDED order (which can never reach CAPTURED) is illegal
+// and permanent; a SETTLED for an AUTHORIZED order (reachable, a step
+// missing) is illegal but not permanent.
+func TestApplyPassedState(t *testing.T) {
+	m, err := New(Config{Table: pgx.Identifier{"payments"}, Rules: s26Rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		db := &fakeDB{updates: []*int64{nil}, rows: []*fakeRow{{"SETTLED", 3}}}
+		res, err := m.Apply(t.Context(), db, "o-26", "CAPTURED")
+		if err != nil || res.Changed || !res.AlreadyApplied || res.Version != 3 || res.To != "CAPTURED" || res.Status != "SETTLED" || strings.Join(db.calls, ",") != "update,read" {
+			t.Fatalf("CAPTURED on a SETTLED order = %+v, %v after %v; want already applied at version 3, one update and one read", res, err, db.calls)
+		}
+	}
+	db := &fakeDB{updates: []*int64{nil}, rows: []*fakeRow{{"VOIDED", 2}}}
+	_, err = m.Apply(t.Context(), db, "o-26v", "CAPTURED")
+	var illegal *IllegalTransitionError
+	if !errors.As(err, &illegal) || illegal.Status != "VOIDED" || !permanent(err) {
+		t.Fatalf("CAPTURED on a VOIDED order = %v; want a permanent IllegalTransitionError from VOIDED", err)
+	}
+	db = &fakeDB{updates: []*int64{nil}, rows: []*fakeRow{{"AUTHORIZED", 1}}}
+	_, err = m.Apply(t.Context(), db, "o-early", "SETTLED")
+	if !errors.As(err, &illegal) || illegal.Status != "AUTHORIZED" || permanent(err) {
+		t.Fatalf("SETTLED on an AUTHORIZED order = %v; want an IllegalTransitionError that is not permanent (CAPTURED may come)", err)
+	}
+	// With IfVersion the caller's read is out of date: its own transition
+	// is not known to have happened.
+	db = &fakeDB{updates: []*int64{nil}, rows: []*fakeRow{{"SETTLED", 3}}}
+	if _, err := m.Apply(t.Context(), db, "o-26", "CAPTURED", IfVersion(1)); !errors.Is(err, ErrStaleVersion) {
+		t.Fatalf("CAPTURED if version 1 on a SETTLED order = %v; want ErrStaleVersion", err)
+	}
+	if c := m.Stats()["CAPTURED"]; c.AlreadyApplied != 2 || c.Illegal != 1 || c.StaleVersion != 1 {
+		t.Fatalf("CAPTURED counts = %+v; want 2 already applied, 1 illegal, 1 stale", c)
+	}
+}
+
+// Reachable and Passed follow the declared graph: every descendant is
+// reachable, an ancestor on a path is passed, a sibling branch is neither;
+// on a cycle nothing is passed (the order of two statuses that reach each
+// other cannot be told from the status), and a status never passes itself.
+func TestReachability(t *testing.T) {
+	m, err := New(Config{Table: pgx.Identifier{"payments"}, Rules: s26Rules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		from, to          string
+		reachable, passed bool // Reachable(from, to); Passed(current=to, to=from)
+	}{
+		{"NEW", "SETTLED", true, true},
+		{"AUTHORIZED", "SETTLED", true, true},
+		{"CAPTURED", "SETTLED", true, true},
+		{"AUTHORIZED", "VOIDED", true, true},
+		{"NEW", "VOIDED", true, true},
+		{"CAPTURED", "VOIDED", false, false},
+		{"VOIDED", "CAPTURED", false, false},
+		{"SETTLED", "CAPTURED", false, false},
+		{"SETTLED", "SETTLED", false, false},
+		{"REFUNDED", "SETTLED", false, false}, // not a declared status
+	} {
+		if got := m.Reachable(c.from, c.to); got != c.reachable {
+			t.Errorf("Reachable(%s, %s) = %v, want %v", c.from, c.to, got, c.reachable)
+		}
+		if got := m.Passed(c.to, c.from); got != c.passed {
+			t.Errorf("Passed(current %s, to %s) = %v, want %v", c.to, c.from, got, c.passed)
+		}
+	}
+
+	// A cycle: ACTIVE → SUSPENDED → REVIEW → ACTIVE, with ACTIVE → CLOSED
+	// leaving it. Inside the cycle no status has passed another; CLOSED
+	// has passed all three.
+	cyc, err := New(Config{Table: pgx.Identifier{"subscriptions"},
+		Rules: append(Path("NEW", "ACTIVE", "SUSPENDED", "REVIEW", "ACTIVE"), Rule{From: "ACTIVE", To: "CLOSED"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"ACTIVE", "SUSPENDED", "REVIEW"} {
+		if !cyc.Reachable(s, s) || cyc.Passed(s, s) {
+			t.Errorf("%s on a cycle: Reachable to itself %v (want true), Passed by itself %v (want false)", s, cyc.Reachable(s, s), cyc.Passed(s, s))
+		}
+		if !cyc.Passed("CLOSED", s) || cyc.Passed(s, "CLOSED") {
+			t.Errorf("CLOSED has passed %s: %v (want true); %s has passed CLOSED: %v (want false)", s, cyc.Passed("CLOSED", s), s, cyc.Passed(s, "CLOSED"))
+		}
+		if !cyc.Passed(s, "NEW") {
+			t.Errorf("%s has not passed NEW", s)
+		}
+	}
+	if cyc.Passed("REVIEW", "SUSPENDED") || cyc.Passed("SUSPENDED", "REVIEW") {
+		t.Error("a status on the cycle has passed another on it")
+	}
+	// A late SUSPENDED for a subscription in REVIEW: not passed, not
+	// allowed, reachable: illegal, not permanent (retried).
+	db := &fakeDB{updates: []*int64{nil}, rows: []*fakeRow{{"REVIEW", 4}}}
+	_, err = cyc.Apply(t.Context(), db, "s-1", "SUSPENDED")
+	var illegal *IllegalTransitionError
+	if !errors.As(err, &illegal) || !illegal.Reachable || permanent(err) {
+		t.Fatalf("SUSPENDED on a subscription in REVIEW = %v; want an IllegalTransitionError, reachable, not permanent", err)
 	}
 }

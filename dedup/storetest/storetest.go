@@ -40,7 +40,8 @@ const scope = "storetest"
 //     conflict writes no second dead letter.
 //   - Retry: a failure is FAILED_RETRYABLE, not acked, its attempt counted
 //     and its error kept; the redelivery runs again and succeeds.
-//   - FinalFailure: MaxAttempts failures, or one Permanent error, make the
+//   - FinalFailure: MaxAttempts failures, or one Permanent error (or one
+//     whose Permanent() bool method returns true), make the
 //     record FAILED_FINAL with a dead letter holding the payload (reasons
 //     attempts_exhausted, permanent_error); a copy of a final record is an
 //     acked duplicate, the handler not run.
@@ -423,8 +424,11 @@ func testRetry(t *testing.T, _ Features, h Harness) {
 func testFinalFailure(t *testing.T, _ Features, h Harness) {
 	maxAttempts := h.Store.MaxAttempts()
 	c := &counter{fail: func(_ int64, m *dedup.Message) error {
-		if m.Identity.MessageID == "m-bad" {
+		switch m.Identity.MessageID {
+		case "m-bad":
 			return dedup.Permanent(errors.New("card declined"))
+		case "m-illegal":
+			return fmt.Errorf("handler: %w", selfPermanentError{})
 		}
 		return errors.New("always fails")
 	}}
@@ -447,8 +451,16 @@ func testFinalFailure(t *testing.T, _ Features, h Harness) {
 	if res.Outcome != dedup.OutcomeDeadLetter || res.Attempts != 1 || res.Reason != dedup.ReasonPermanentError || res.DeadLetterID == 0 || !dedup.IsPermanent(res.Err) {
 		t.Fatalf("permanent error: %+v; want a dead letter permanent_error at attempt 1", res)
 	}
+	// An error that says so itself (a Permanent() bool method, as
+	// transition.IllegalTransitionError for a move the entity can never
+	// make) is permanent too.
+	illegal := newMsg(t, "m-illegal", "", "p-illegal")
+	res = process(t, h, illegal, c.handle)
+	if res.Outcome != dedup.OutcomeDeadLetter || res.Attempts != 1 || res.Reason != dedup.ReasonPermanentError || res.DeadLetterID == 0 {
+		t.Fatalf("an error whose Permanent() is true: %+v; want a dead letter permanent_error at attempt 1", res)
+	}
 	// Copies of final records are acked without a run.
-	for _, m := range []*dedup.Message{poison, bad} {
+	for _, m := range []*dedup.Message{poison, bad, illegal} {
 		res := process(t, h, m, mustNotRun(t))
 		if res.Outcome != dedup.OutcomeDuplicate || res.Status != dedup.StatusFailedFinal || res.HandlerCalled || !res.Outcome.Acked() {
 			t.Fatalf("copy of final %s: %+v; want an acked duplicate, FAILED_FINAL, no run", m.Identity, res)
@@ -460,19 +472,30 @@ func testFinalFailure(t *testing.T, _ Features, h Harness) {
 	if r := lookup(t, h, "m-bad"); r.Status != dedup.StatusFailedFinal || r.Attempts != 1 || !strings.Contains(r.LastError, "card declined") {
 		t.Fatalf("m-bad record = %+v", r)
 	}
+	if r := lookup(t, h, "m-illegal"); r.Status != dedup.StatusFailedFinal || r.Attempts != 1 || r.LastErrorClass != "permanent:error" {
+		t.Fatalf("m-illegal record = %+v; want FAILED_FINAL at attempt 1, class permanent:error", r)
+	}
 	dl := deadLetters(t, h)
-	if len(dl) != 2 {
-		t.Fatalf("dead letters = %+v; want 2", dl)
+	if len(dl) != 3 {
+		t.Fatalf("dead letters = %+v; want 3", dl)
 	}
 	checkDeadLetter(t, dl[0], poison, dedup.ReasonAttemptsExhausted)
 	checkDeadLetter(t, dl[1], bad, dedup.ReasonPermanentError)
+	checkDeadLetter(t, dl[2], illegal, dedup.ReasonPermanentError)
 	if dl[0].Attempts != maxAttempts || !strings.Contains(dl[0].Error, "always fails") || dl[1].Attempts != 1 || !strings.Contains(dl[1].Error, "card declined") {
 		t.Fatalf("dead letters = %+v; want attempts and errors kept", dl)
 	}
-	if n := c.calls.Load(); n != int64(maxAttempts)+1 {
-		t.Fatalf("handler calls = %d; want %d", n, maxAttempts+1)
+	if n := c.calls.Load(); n != int64(maxAttempts)+2 {
+		t.Fatalf("handler calls = %d; want %d", n, maxAttempts+2)
 	}
 }
+
+// selfPermanentError says by itself that retrying cannot help, as errors
+// of packages that import nothing of idemq do (dedup.IsPermanent).
+type selfPermanentError struct{}
+
+func (selfPermanentError) Error() string   { return "can never happen from here" }
+func (selfPermanentError) Permanent() bool { return true }
 
 func testRedrive(t *testing.T, f Features, h Harness) {
 	if f.NoRedrive {
