@@ -82,7 +82,7 @@ func (c *tripConn) Read(b []byte) (int, error) {
 
 // sent accounts for one client message (typ 0: the untyped first one,
 // whose code is its protocol version or request code).
-func (c *tripConn) sent(typ byte, code int32) {
+func (c *tripConn) sent(typ byte, code uint32) {
 	if typ == 0 && code != 3<<16 {
 		c.err = fmt.Errorf("tripConn: the client's first message has code %d, not protocol 3.0 (an SSL or GSS request?): only plaintext connections can be counted", code)
 		return
@@ -107,7 +107,7 @@ func (c *tripConn) sent(typ byte, code int32) {
 
 // received accounts for one server message (code: an authentication
 // request's type, for 'R').
-func (c *tripConn) received(typ byte, code int32) {
+func (c *tripConn) received(typ byte, code uint32) {
 	switch typ {
 	case 'Z':
 		if c.owed == 0 {
@@ -128,7 +128,7 @@ func (c *tripConn) received(typ byte, code int32) {
 // message, the first 4 bytes of its body) has arrived.
 type pgFramer struct {
 	untypedFirst bool // the next message has no type byte (a startup message)
-	onMsg        func(typ byte, code int32)
+	onMsg        func(typ byte, code uint32)
 	head         []byte // the current message's header bytes so far
 	skip         int    // body bytes of the current message still to skip
 }
@@ -155,16 +155,16 @@ func (f *pgFramer) feed(b []byte) {
 			continue
 		}
 		var typ byte
-		var length, code int32
+		var length, code uint32
 		if typed {
 			typ = f.head[0]
-			length = int32(binary.BigEndian.Uint32(f.head[1:5]))
+			length = binary.BigEndian.Uint32(f.head[1:5])
 			if typ == 'R' {
-				code = int32(binary.BigEndian.Uint32(f.head[5:9]))
+				code = binary.BigEndian.Uint32(f.head[5:9])
 			}
 		} else {
-			length = int32(binary.BigEndian.Uint32(f.head[0:4]))
-			code = int32(binary.BigEndian.Uint32(f.head[4:8]))
+			length = binary.BigEndian.Uint32(f.head[0:4])
+			code = binary.BigEndian.Uint32(f.head[4:8])
 		}
 		f.skip = int(length) - (need - 1)
 		if !typed {

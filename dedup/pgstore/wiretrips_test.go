@@ -40,7 +40,7 @@ func pgMsg(typ byte, body ...byte) []byte {
 	if typ != 0 {
 		b = append(b, typ)
 	}
-	b = binary.BigEndian.AppendUint32(b, uint32(4+len(body)))
+	b = binary.BigEndian.AppendUint32(b, uint32(4+len(body))) //nolint:gosec // scripted messages are a few bytes long
 	return append(b, body...)
 }
 
