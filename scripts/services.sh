@@ -485,7 +485,7 @@ kafka_ready() { kafka_broker_ready && [[ -f $KAFKA_DIR/sasl.ready ]]; }
 # the argument that follows FLAG (FLAG "": the last argument), one a line. Linux (/proc) only.
 proc_arg_after() {
   local f
-  for f in /proc/[0-9]*/cmdline; do
+  for f in $(grep -lasF -- "$1" /proc/[0-9]*/cmdline); do
     tr '\0' '\n' <"$f" 2>/dev/null | awk -v pat="$1" -v flag="$2" '
       index($0, pat) { hit = 1 } { a[NR] = $0 }
       END { if (!hit) exit; if (flag == "") { print a[NR]; exit }
