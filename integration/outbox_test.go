@@ -878,19 +878,40 @@ func TestOutboxConcurrentWritersOfOneKeyTakeTurns(t *testing.T) {
 		t.Fatal(err)
 	}
 	added := make(chan error, 1)
+	pid := make(chan uint32, 1)
 	go func() {
 		t2, err := o.pool.Begin(o.ctx)
 		if err == nil {
+			pid <- t2.Conn().PgConn().PID()
 			if _, err = o.ob.Add(o.ctx, t2, outbox.Message{Topic: "t", Key: []byte("K"), Payload: []byte("second")}); err == nil {
 				err = t2.Commit(o.ctx)
 			}
 		}
+		close(pid)
 		added <- err
 	}()
-	select {
-	case err := <-added:
-		t.Fatalf("the second writer of key K did not wait for the first (err %v)", err)
-	case <-time.After(500 * time.Millisecond):
+	// The second writer's backend waits for a lock the first holds (not a
+	// fixed time: on a busy machine the second may not have started yet).
+	p, ok := <-pid
+	if !ok {
+		t.Fatalf("second writer: %v", <-added)
+	}
+	for deadline := time.Now().Add(time.Minute); ; {
+		var waiting bool
+		if err := o.pool.QueryRow(o.ctx, `select exists (select from pg_stat_activity where pid = $1 and wait_event_type = 'Lock')`, p).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case err := <-added:
+			t.Fatalf("the second writer of key K did not wait for the first (err %v)", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second writer of key K is not waiting for a lock after a minute, and has not finished either")
+		}
 	}
 	// Meanwhile a relay sees nothing of K: the first row is uncommitted and
 	// the second is not written yet.

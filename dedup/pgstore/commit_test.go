@@ -359,57 +359,84 @@ func TestHandlerIsolationLevel(t *testing.T) {
 		})
 	}
 
-	t.Run("serializable write skew", func(t *testing.T) {
-		e := newEnv(t, func(cfg *Config) {
-			cfg.MaxAttempts = 1
-			cfg.TxOptions = pgx.TxOptions{IsoLevel: pgx.Serializable}
-		})
-		tbl := e.table("on_call")
-		e.exec(`create table ` + tbl + ` (doctor text primary key, on_call bool not null)`)
-		e.exec(`insert into ` + tbl + ` values ('alice', true), ('bob', true)`)
-		// Each handler reads how many are on call, waits until the other
-		// has read too (first try only), then takes its doctor off call:
-		// classic write skew, which serializable isolation refuses for one
-		// of them with 40001.
-		var read sync.WaitGroup
-		read.Add(2)
-		var tries atomic.Int32
-		h := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
-			first := tries.Add(1) <= 2
-			var n int
-			if err := tx.QueryRow(ctx, `select count(*) from `+tbl+` where on_call`).Scan(&n); err != nil {
+	// Two handlers' reads must overlap for the write skew to happen. The
+	// handler of each doctor waits, after the first read it completes, until
+	// the other's has completed its own (a channel each, closed once; a
+	// minute at most, then the test fails saying so): never "the first two
+	// tries", since a try may fail before its read (a serialization failure
+	// at the read itself, or on the claim's predicate locks) and be retried.
+	// "failure before the read" forces that: the first try of all raises
+	// 40001 before reading.
+	for _, failFirst := range []bool{false, true} {
+		name := "serializable write skew"
+		if failFirst {
+			name += " after a failure before the read"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, func(cfg *Config) {
+				cfg.MaxAttempts = 1
+				cfg.TxOptions = pgx.TxOptions{IsoLevel: pgx.Serializable}
+			})
+			tbl := e.table("on_call")
+			e.exec(`create table ` + tbl + ` (doctor text primary key, on_call bool not null)`)
+			e.exec(`insert into ` + tbl + ` values ('alice', true), ('bob', true)`)
+			// Each handler reads how many are on call, waits until the
+			// other has read too (after its own first read only), then
+			// takes its doctor off call: classic write skew, which
+			// serializable isolation refuses for one of them with 40001.
+			read := map[string]chan struct{}{"alice": make(chan struct{}), "bob": make(chan struct{})}
+			once := map[string]*sync.Once{"alice": {}, "bob": {}}
+			other := map[string]string{"alice": "bob", "bob": "alice"}
+			var tries atomic.Int32
+			h := func(ctx context.Context, tx pgx.Tx, m *dedup.Message) error {
+				doctor := string(m.Payload)
+				if tries.Add(1) == 1 && failFirst {
+					_, err := tx.Exec(ctx, `do $$ begin raise exception 'injected before the read' using errcode = '40001'; end $$`)
+					return err
+				}
+				var n int
+				if err := tx.QueryRow(ctx, `select count(*) from `+tbl+` where on_call`).Scan(&n); err != nil {
+					return err
+				}
+				first := false
+				once[doctor].Do(func() { first = true; close(read[doctor]) })
+				if first {
+					select {
+					case <-read[other[doctor]]:
+					case <-time.After(time.Minute):
+						t.Errorf("%s's handler read; %s's has not read within a minute: the reads cannot be made to overlap", doctor, other[doctor])
+						return errors.New("barrier timed out")
+					}
+				}
+				_, err := tx.Exec(ctx, `update `+tbl+` set on_call = false where doctor = $1`, doctor)
 				return err
 			}
-			if first {
-				read.Done()
-				read.Wait()
+			var wg sync.WaitGroup
+			results := make([]dedup.Result, 2)
+			errs := make([]error, 2)
+			for i, doctor := range []string{"alice", "bob"} {
+				wg.Go(func() {
+					results[i], errs[i] = e.store.Process(e.ctx, e.msg("m-"+doctor, "", doctor), h)
+				})
 			}
-			_, err := tx.Exec(ctx, `update `+tbl+` set on_call = false where doctor = $1`, string(m.Payload))
-			return err
-		}
-		var wg sync.WaitGroup
-		results := make([]dedup.Result, 2)
-		errs := make([]error, 2)
-		for i, doctor := range []string{"alice", "bob"} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				results[i], errs[i] = e.store.Process(e.ctx, e.msg("m-"+doctor, "", doctor), h)
-			}()
-		}
-		wg.Wait()
-		for i := range results {
-			if errs[i] != nil || results[i].Outcome != dedup.OutcomeProcessed || results[i].Attempts != 1 {
-				t.Fatalf("handler %d: %+v, %v; want processed at attempt 1", i, results[i], errs[i])
+			wg.Wait()
+			for i := range results {
+				if errs[i] != nil || results[i].Outcome != dedup.OutcomeProcessed || results[i].Attempts != 1 {
+					t.Fatalf("handler %d: %+v, %v; want processed at attempt 1", i, results[i], errs[i])
+				}
 			}
-		}
-		if n := tries.Load(); n < 3 {
-			t.Fatalf("handler tries = %d, want at least 3 (one serialization failure retried)", n)
-		}
-		if n := e.count(`select count(*) from ` + tbl + ` where on_call`); n != 0 {
-			t.Fatalf("on call = %d, want 0 (both updates applied, one after a retry)", n)
-		}
-	})
+			want := int32(3) // two first tries, one retried after the serialization failure
+			if failFirst {
+				want++
+			}
+			if n := tries.Load(); n < want {
+				t.Fatalf("handler tries = %d, want at least %d (one serialization failure retried)", n, want)
+			}
+			if n := e.count(`select count(*) from ` + tbl + ` where on_call`); n != 0 {
+				t.Fatalf("on call = %d, want 0 (both updates applied, one after a retry)", n)
+			}
+		})
+	}
 }
 
 // A handler cut off by its own deadline inside a statement (pgx's default

@@ -7,6 +7,7 @@ package pgstore
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -20,27 +21,159 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// tripConn counts round trips on a client connection: each time the client
-// reads after having written, it waits for the server once, however many
-// writes (a pipelined batch) came before and however many reads the answer
-// takes. pgconn may read on a goroutine of its own while a slow write is
-// under way (its background reader), hence the atomics.
+// tripConn counts protocol round trips on a client connection, from the
+// messages it carries, never from its Read and Write calls (a read that
+// pgconn's background reader begins before a slow write ends, or one that
+// returns two answers, would miscount them). A round trip begins when the
+// client sends a message while the server owes it nothing: every Sync and
+// simple Query it sent (and its startup message) has had its ReadyForQuery
+// and no flight of messages is half sent (Parse, Bind, Execute… before their
+// Sync), or the server waits for the client (CopyInResponse,
+// CopyBothResponse, an authentication request). Messages sent while an
+// answer is still owed are pipelined: they travel in the round trip already
+// under way. A Flush is not
+// a sync point: a client that waits after one and then sends is counted
+// (nothing is owed), one that goes on sending at once would be counted
+// once too often (pgx does not). The connection must be plaintext (the
+// pools here use sslmode=disable). Reads (on pgconn's background reader
+// too) and writes may run at the same time, hence the mutex.
 type tripConn struct {
 	net.Conn
-	trips   *atomic.Int64
-	writing atomic.Bool // the last call to begin was a Write
+	trips *atomic.Int64
+
+	mu          sync.Mutex
+	client      pgFramer // client to server; its first message is untyped
+	server      pgFramer // server to client
+	owed        int      // sync points sent and not yet answered by ReadyForQuery
+	unsynced    bool     // messages sent since the last sync point: the flight goes on
+	serverWaits bool     // the server's last message asks the client to speak
+	err         error    // a framing error: the stream cannot be counted
+}
+
+func wrapTrips(c net.Conn, trips *atomic.Int64) net.Conn {
+	tc := &tripConn{Conn: c, trips: trips}
+	tc.client.untypedFirst = true
+	tc.client.onMsg = tc.sent
+	tc.server.onMsg = tc.received
+	return tc
 }
 
 func (c *tripConn) Write(b []byte) (int, error) {
-	c.writing.Store(true)
+	c.mu.Lock()
+	c.client.feed(b)
+	err := c.err
+	c.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
 	return c.Conn.Write(b)
 }
 
 func (c *tripConn) Read(b []byte) (int, error) {
-	if c.writing.Swap(false) {
+	n, err := c.Conn.Read(b)
+	c.mu.Lock()
+	c.server.feed(b[:n])
+	if c.err != nil && err == nil {
+		err = c.err
+	}
+	c.mu.Unlock()
+	return n, err
+}
+
+// sent accounts for one client message (typ 0: the untyped first one,
+// whose code is its protocol version or request code).
+func (c *tripConn) sent(typ byte, code uint32) {
+	if typ == 0 && code != 3<<16 {
+		c.err = fmt.Errorf("tripConn: the client's first message has code %d, not protocol 3.0 (an SSL or GSS request?): only plaintext connections can be counted", code)
+		return
+	}
+	if c.serverWaits || (c.owed == 0 && !c.unsynced) {
 		c.trips.Add(1)
 	}
-	return c.Conn.Read(b)
+	c.serverWaits = false
+	switch typ {
+	case 0, 'S', 'Q': // startup, Sync, simple Query: each is answered by a ReadyForQuery
+		c.owed++
+		c.unsynced = false
+	case 'H', 'p', 'c', 'f':
+		// Flush: the client may wait for what it flushed. A password or
+		// SASL answer, CopyDone, CopyFail: the ReadyForQuery of the
+		// startup or Query they belong to is owed already.
+		c.unsynced = false
+	default: // Parse, Bind, Execute, Describe, CopyData…: more of the flight follows
+		c.unsynced = true
+	}
+}
+
+// received accounts for one server message (code: an authentication
+// request's type, for 'R').
+func (c *tripConn) received(typ byte, code uint32) {
+	switch typ {
+	case 'Z':
+		if c.owed == 0 {
+			c.err = errors.New("tripConn: ReadyForQuery with no sync point owed")
+			return
+		}
+		c.owed--
+		c.serverWaits = false
+	case 'G', 'W': // CopyInResponse, CopyBothResponse: the client sends data next
+		c.serverWaits = true
+	case 'R': // an authentication request other than Ok or SASLFinal awaits the client's answer
+		c.serverWaits = code != 0 && code != 12
+	}
+}
+
+// pgFramer cuts a byte stream into Postgres protocol messages and calls
+// onMsg for each, once its header (and for 'R', or an untyped first
+// message, the first 4 bytes of its body) has arrived.
+type pgFramer struct {
+	untypedFirst bool // the next message has no type byte (a startup message)
+	onMsg        func(typ byte, code uint32)
+	head         []byte // the current message's header bytes so far
+	skip         int    // body bytes of the current message still to skip
+}
+
+func (f *pgFramer) feed(b []byte) {
+	for len(b) > 0 {
+		if f.skip > 0 {
+			n := min(f.skip, len(b))
+			f.skip -= n
+			b = b[n:]
+			continue
+		}
+		typed := !f.untypedFirst
+		need := 5 // type byte and length
+		if !typed {
+			need = 8 // length and code
+		} else if len(f.head) > 0 && f.head[0] == 'R' {
+			need = 9 // type, length and the authentication request type
+		}
+		n := min(need-len(f.head), len(b))
+		f.head = append(f.head, b[:n]...)
+		b = b[n:]
+		if len(f.head) < need || (typed && need == 5 && f.head[0] == 'R') {
+			continue
+		}
+		var typ byte
+		var length, code uint32
+		if typed {
+			typ = f.head[0]
+			length = binary.BigEndian.Uint32(f.head[1:5])
+			if typ == 'R' {
+				code = binary.BigEndian.Uint32(f.head[5:9])
+			}
+		} else {
+			length = binary.BigEndian.Uint32(f.head[0:4])
+			code = binary.BigEndian.Uint32(f.head[4:8])
+		}
+		f.skip = int(length) - (need - 1)
+		if !typed {
+			f.skip = int(length) - need
+		}
+		f.head = f.head[:0]
+		f.untypedFirst = false
+		f.onMsg(typ, code)
+	}
 }
 
 // tripStore is a store on a pool of one connection whose round trips are
@@ -58,7 +191,7 @@ func (e *storeEnv) tripStore(tweak func(*Config)) (*Store, *atomic.Int64) {
 			if err != nil {
 				return nil, err
 			}
-			return &tripConn{Conn: conn, trips: trips}, nil
+			return wrapTrips(conn, trips), nil
 		}
 	})
 	return e.newStore(pool, tweak), trips
