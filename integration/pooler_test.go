@@ -149,20 +149,37 @@ var storeModes = []struct {
 	{"atomic", func(s *pgstore.Store) storetest.Mode { return storetest.Atomic(s) }},
 	{"batched", func(s *pgstore.Store) storetest.Mode { return storetest.Batched(s) }},
 	{"lease", func(s *pgstore.Store) storetest.Mode { return storetest.Leased(s, dedup.LeaseOptions{}) }},
+	{"batchset", batchSetMode},
 }
 
 // TestStoreConformancePostgresExecModes runs the store conformance suite in
-// each of the store's three modes with the store's pool in each of pgx's five
-// query exec modes (directly to Postgres).
+// each of the store's four modes (atomic, batched, set-based BatchHandler,
+// lease) with the store's pool in each of pgx's five query exec modes
+// straight to Postgres, and through PgBouncer in transaction mode (ten
+// clients, Config.TransactionPooler) in the exec and simple_protocol modes.
 func TestStoreConformancePostgresExecModes(t *testing.T) {
 	t.Parallel()
 	for _, em := range execModes {
 		for _, sm := range storeModes {
-			t.Run(em.name+"/"+sm.name, func(t *testing.T) {
+			t.Run("postgres/"+em.name+"/"+sm.name, func(t *testing.T) {
 				t.Parallel()
 				pool := modePool(t, postgresDSN(t), em.mode, 10)
 				storetest.Run(t, pgFeatures, func(t *testing.T) storetest.Harness {
 					return pgHarnessFor(setupOn(t, testPool(t), pool, func(c *pgstore.Config) { c.MaxAttempts = storeMaxAttempts }), sm.mode)
+				})
+			})
+		}
+	}
+	for _, em := range execModes[3:] { // exec, simple_protocol
+		for _, sm := range storeModes {
+			t.Run("pgbouncer/"+em.name+"/"+sm.name, func(t *testing.T) {
+				t.Parallel()
+				pool := modePool(t, pgbouncerDSN(t), em.mode, 10)
+				storetest.Run(t, pgFeatures, func(t *testing.T) storetest.Harness {
+					return pgHarnessFor(setupOn(t, pgbouncerBackend(t), pool, func(c *pgstore.Config) {
+						c.MaxAttempts = storeMaxAttempts
+						c.TransactionPooler = true
+					}), sm.mode)
 				})
 			})
 		}
