@@ -404,3 +404,27 @@ func TestS28BehindAPooler(t *testing.T) {
 		})
 	}
 }
+
+// The CLI behind a pooler: the dead-letter verbs (list, show, export,
+// redrive, purge) through PgBouncer in transaction mode, with the
+// connection string choosing the exec mode (default_query_exec_mode).
+func TestCLIDeadLetterVerbsBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	bin := buildExample(t, "github.com/idemq/idemq/cmd/idemq")
+	dsn := pgbouncerDSN(t)
+	for _, mode := range []string{"exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			direct := pgbouncerBackend(t)
+			e := setupOn(t, direct, direct, func(c *pgstore.Config) { c.MaxAttempts = 1 })
+			for i := range cliDLs {
+				res, err := e.store.Process(e.ctx, cliDLMessage(t, i), func(context.Context, pgx.Tx, *dedup.Message) error { return cliDLError(i) })
+				if err != nil || res.Outcome != dedup.OutcomeDeadLetter {
+					t.Fatalf("%s: %+v %v, want a dead letter", cliDLs[i].id, res, err)
+				}
+			}
+			c := dlCLI{t: t, bin: bin, store: []string{"--dsn", dsn + "&default_query_exec_mode=" + mode, "--schema", e.schema}}
+			checkDLVerbsCommon(t, c, func(scope, id string) dedup.Status { return e.record(scope, id).Status })
+		})
+	}
+}
