@@ -8,7 +8,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 GO ?= go
 SERVICES := scripts/services.sh
-# Exports TEST_POSTGRES_DSN, TEST_REDIS_ADDR, TEST_KAFKA_BROKERS, TEST_ROCKETMQ_NAMESRV, ...
+# Exports TEST_POSTGRES_DSN, TEST_REDIS_ADDR, TEST_KAFKA_BROKERS, TEST_ROCKETMQ_NAMESRV, TEST_PGBOUNCER_DSN, ...
 ENV := eval "$$(bash $(SERVICES) env)"
 
 .PHONY: help
@@ -16,7 +16,7 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: services-up
-services-up: ## install (if needed) and start Postgres, Redis, Kafka, RocketMQ on 127.0.0.1
+services-up: ## install (if needed) and start Postgres, Redis, Kafka, RocketMQ, PgBouncer (transaction mode, before Postgres) on 127.0.0.1
 	bash $(SERVICES) up
 
 .PHONY: services-down

@@ -23,7 +23,11 @@ const storeMaxAttempts = 3
 
 // pgHarness is a fresh Postgres store in mode.
 func pgHarness(t *testing.T, mode func(*pgstore.Store) storetest.Mode) storetest.Harness {
-	e := setup(t, func(c *pgstore.Config) { c.MaxAttempts = storeMaxAttempts })
+	return pgHarnessFor(setup(t, func(c *pgstore.Config) { c.MaxAttempts = storeMaxAttempts }), mode)
+}
+
+// pgHarnessFor is the harness of the store of e in mode.
+func pgHarnessFor(e *env, mode func(*pgstore.Store) storetest.Mode) storetest.Harness {
 	records := e.table("consumption_records")
 	update := func(set string) func(ctx context.Context, scope, messageID string) error {
 		return func(ctx context.Context, scope, messageID string) error {

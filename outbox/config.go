@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/idemq/idemq/internal/pooler"
 	"github.com/idemq/idemq/wire"
 	"go.opentelemetry.io/otel/propagation"
 )
@@ -51,7 +52,26 @@ type Config struct {
 	// the application has set one, W3C Trace Context plus W3C Baggage until
 	// then.
 	Propagator propagation.TextMapPropagator
+	// TransactionPooler says New's pool reaches Postgres through a
+	// connection pooler in transaction mode (PgBouncer pool_mode =
+	// transaction, RDS Proxy, Supavisor), which keeps a client on one
+	// server session only for a transaction; idemq cannot detect one, so
+	// set it yourself. Default false. When set, New refuses a pool whose
+	// DefaultQueryExecMode is QueryExecModeCacheStatement (the pgx
+	// default) or QueryExecModeDescribeExec (use QueryExecModeExec or
+	// QueryExecModeSimpleProtocol); Migrate (a session advisory lock)
+	// returns an error wrapping ErrNeedsSession (run it on an Outbox built
+	// on a direct pool); NewRelay refuses a RelayConfig without
+	// DisableListen (LISTEN needs a session: the relay then polls every
+	// PollInterval). Add, the relay's claims and marks, and the admin
+	// functions work through it.
+	TransactionPooler bool
 }
+
+// ErrNeedsSession is returned by Migrate when Config.TransactionPooler is
+// set: its advisory lock is a session lock, which a transaction pooler
+// does not keep. It is pgstore.ErrNeedsSession.
+var ErrNeedsSession = pooler.ErrNeedsSession
 
 var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
 

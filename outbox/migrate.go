@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/idemq/idemq/internal/pgmigrate"
+	"github.com/idemq/idemq/internal/pooler"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -19,10 +20,15 @@ var migrationFS embed.FS
 // them, together with pgstore.Store.Migrate) and cheap when there is nothing
 // to do: it first reads the version read-only (as CheckSchema does) and, when
 // the schema is current, returns without a lock or any DDL, so a data-only
-// role may call it. It returns ErrNoPool on an Outbox built without a pool.
+// role may call it. It returns ErrNoPool on an Outbox built without a pool,
+// and an error wrapping ErrNeedsSession with Config.TransactionPooler set.
 func (o *Outbox) Migrate(ctx context.Context) error {
 	if o.pool == nil {
 		return ErrNoPool
+	}
+	if o.cfg.TransactionPooler {
+		return pooler.NeedsSession("idemq/outbox: migrate", "outbox.Config.TransactionPooler",
+			"run Migrate on an Outbox built on a direct pool to Postgres (same Config, TransactionPooler false)")
 	}
 	if err := pgmigrate.Apply(ctx, o.pool, o.cfg.Schema, o.cfg.Table+"_schema_version", migrations(), o.templateData()); err != nil {
 		return fmt.Errorf("idemq/outbox: migrate: %w", err)

@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/internal/otelx"
 
 	"github.com/idemq/idemq/internal/pgtext"
+	"github.com/idemq/idemq/internal/pooler"
 	"github.com/idemq/idemq/wire"
 
 	"github.com/google/uuid"
@@ -144,6 +145,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Outbox, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
+	}
+	if cfg.TransactionPooler {
+		if err := pooler.CheckExecMode(pool, "outbox.Config.TransactionPooler", ErrInvalidConfig); err != nil {
+			return nil, err
+		}
 	}
 	q, err := newQueries(cfg)
 	if err != nil {

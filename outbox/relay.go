@@ -60,7 +60,8 @@ type Relay struct {
 
 // NewRelay validates cfg and returns a relay for ob's table publishing
 // through pub. It does not touch the database. Errors: ErrNoPool when ob has
-// no pool; errors wrapping ErrInvalidConfig.
+// no pool; errors wrapping ErrInvalidConfig (among them: ob's
+// Config.TransactionPooler set without cfg.DisableListen).
 func NewRelay(ob *Outbox, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if ob == nil || pub == nil {
 		return nil, fmt.Errorf("%w: NewRelay needs a non-nil ob (*Outbox) and pub (Publisher)", ErrInvalidConfig)
@@ -71,6 +72,10 @@ func NewRelay(ob *Outbox, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
+	}
+	if ob.cfg.TransactionPooler && !cfg.DisableListen {
+		return nil, fmt.Errorf("%w: the outbox's Config.TransactionPooler is set and LISTEN needs a server session, "+
+			"which a transaction pooler does not keep: set RelayConfig.DisableListen (the relay polls every PollInterval)", ErrInvalidConfig)
 	}
 	r := &Relay{ob: ob, pub: pub, cfg: cfg, log: cfg.Logger.With("relay", cfg.Name, "outbox", ob.q.table)}
 	r.brk = newBreaker(cfg.OutageBackoffInitial, cfg.OutageBackoffMax, r.log)

@@ -8,8 +8,11 @@
 #   kafka      Kafka 4.1.1 (KRaft, one node) from Maven Central jars        9092 (controller 9093),
 #                                                                           9094 SASL_SSL (SCRAM)
 #   rocketmq   RocketMQ 5.3.3 NameServer + broker from Maven Central jars   9876, 10911
+#   pgbouncer  Debian package `pgbouncer` in front of postgres:             6432
+#              pool_mode = transaction, default_pool_size = 4 (the tests that run idemq
+#              behind a transaction pooler; see docs/operations.md)
 #
-# Usage: scripts/services.sh COMMAND [SERVICE...]      (no SERVICE means all four)
+# Usage: scripts/services.sh COMMAND [SERVICE...]      (no SERVICE means all five)
 #
 #   up [svc...]      First asks each service on its port whether it already answers a real
 #                    request (SQL query, PING, Kafka ApiVersions, NameServer cluster info
@@ -58,7 +61,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${IDEMQ_CACHE:-$REPO/.cache/services}
 [[ $CACHE == /* ]] || CACHE=$PWD/$CACHE
-ALL_SERVICES=(postgres redis kafka rocketmq)
+ALL_SERVICES=(postgres redis kafka rocketmq pgbouncer)
 START_TS=$(date +%s)
 
 KAFKA_VERSION=4.1.1
@@ -69,6 +72,7 @@ DEPENDENCY_PLUGIN=org.apache.maven.plugins:maven-dependency-plugin:3.8.1
 
 PG_PORT=5432 REDIS_PORT=6379 KAFKA_PORT=9092 KAFKA_CONTROLLER_PORT=9093 KAFKA_SASL_PORT=9094
 NAMESRV_PORT=9876 BROKER_PORT=10911
+PGBOUNCER_PORT=6432
 PG_DSN="postgres://idemq:idemq@127.0.0.1:$PG_PORT/idemq?sslmode=disable"
 # The SASL_SSL listener's SCRAM users (test passwords, fixed; the listener is on loopback only).
 # idemq-test is a super user; idemq-reader may Read/Describe the topics and consumer groups
@@ -211,6 +215,8 @@ ensure_packages() {
       kafka) need_java=1
         command -v openssl >/dev/null || pkgs+=(openssl) ;; # the SASL_SSL listener's test certificates
       rocketmq) need_java=1 ;;
+      pgbouncer) pgbouncer_bin >/dev/null || pkgs+=(pgbouncer)
+        command -v psql >/dev/null || pkgs+=(postgresql-client) ;;
     esac
   done
   if [[ -n $need_java ]]; then
@@ -946,6 +952,117 @@ answers_rocketmq() {
   fi
 }
 
+# ------------------------------------------------------------------------------ pgbouncer
+
+# PgBouncer in transaction mode in front of our Postgres: the kind of pooler teams put before
+# Postgres (like RDS Proxy or Supavisor), for the tests that run idemq through one. Settings
+# (pgbouncer.ini below): 127.0.0.1:$PGBOUNCER_PORT only (no unix socket), one database `idemq`
+# to 127.0.0.1:$PG_PORT, SCRAM to clients and to the server with the idemq role's password,
+# pool_mode = transaction, default_pool_size = 4 server connections, max_client_conn = 500.
+# It needs postgres up (`up` with no service starts both); `up pgbouncer` alone does not
+# start postgres. docker-compose.yml has no pgbouncer service: next to Docker's postgres,
+# `up` installs and runs this one on the host (apt-get).
+PGB_DSN="postgres://idemq:idemq@127.0.0.1:$PGBOUNCER_PORT/idemq?sslmode=disable"
+
+# pgb_dir: next to pg_dir, so the `postgres` OS user can read it (root runs pgbouncer as it).
+pgb_dir() { echo "$(dirname "$(pg_dir)")/pgbouncer"; }
+
+pgbouncer_bin() {
+  local b
+  for b in /usr/sbin/pgbouncer "$(command -v pgbouncer 2>/dev/null)"; do
+    [[ -n $b && -x $b ]] && { echo "$b"; return 0; }
+  done
+  return 1
+}
+
+pgb_pid() { pid_of "$(pgb_dir)/pgbouncer.pid" pgbouncer; }
+
+# pgb_dsn_ok: a query through the pooler reaches Postgres.
+pgb_dsn_ok() {
+  local psql
+  psql=$(psql_bin) || return 1
+  [[ $(PGCONNECT_TIMEOUT=3 "$psql" "$PGB_DSN" -XAtqc 'select 1' 2>/dev/null) == 1 ]]
+}
+
+pgb_write_config() {
+  local dir=$1
+  cat >"$dir/pgbouncer.ini" <<EOF
+; written by scripts/services.sh on each start
+[databases]
+idemq = host=127.0.0.1 port=$PG_PORT dbname=idemq
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $PGBOUNCER_PORT
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = $dir/userlist.txt
+pool_mode = transaction
+default_pool_size = 4
+max_client_conn = 500
+; psql sends extra_float_digits; pgx sends only user, database and application_name
+ignore_startup_parameters = extra_float_digits
+EOF
+  printf '"idemq" "idemq"\n' >"$dir/userlist.txt"
+  chmod 600 "$dir/userlist.txt"
+}
+
+up_pgbouncer() {
+  local dir bin user=() rc=0
+  dir=$(pgb_dir)
+  if pgb_pid >/dev/null; then
+    if pgb_dsn_ok; then log "already running (pid $(pgb_pid))"; return 0; fi
+  elif port_open $PGBOUNCER_PORT; then
+    pgb_dsn_ok || fail /dev/null "127.0.0.1:$PGBOUNCER_PORT is taken by a server where $PGB_DSN does not work"
+    log "reusing the pooler already on 127.0.0.1:$PGBOUNCER_PORT (not started by this script)"
+    return 0
+  fi
+  bin=$(pgbouncer_bin) || fail /dev/null "no pgbouncer binary"
+  mkdir -p "$dir"
+  pgb_write_config "$dir"
+  # PgBouncer refuses to run as root: then it runs as the postgres OS user.
+  if ((EUID == 0)) && id postgres >/dev/null 2>&1; then
+    chown -R postgres:postgres "$dir"
+    user=(-u postgres)
+  fi
+  log "starting PgBouncer on 127.0.0.1:$PGBOUNCER_PORT (transaction mode, 4 server connections) before 127.0.0.1:$PG_PORT"
+  start_daemon "$dir/pgbouncer.pid" "$dir/pgbouncer.log" "$bin" "${user[@]}" "$dir/pgbouncer.ini" ||
+    fail "$dir/pgbouncer.log" "pgbouncer did not start"
+  wait_for 120 "$dir/pgbouncer.pid" pgbouncer pgb_dsn_ok || rc=$?
+  ((rc == 0)) || fail "$dir/pgbouncer.log" "$PGB_DSN does not answer (is postgres up?)"
+  log "ready (pid $(pgb_pid))"
+}
+
+down_pgbouncer() {
+  if ! pgb_pid >/dev/null; then
+    if port_open $PGBOUNCER_PORT; then log "the pooler on 127.0.0.1:$PGBOUNCER_PORT is not ours: left alone"; else log "not running"; fi
+    return 0
+  fi
+  stop_pid pgbouncer "$(pgb_dir)/pgbouncer.pid" pgbouncer 10 >/dev/null
+  log "stopped"
+}
+
+status_pgbouncer() {
+  local pid
+  if pid=$(pgb_pid); then
+    if pgb_dsn_ok; then echo "ready    pid $pid  127.0.0.1:$PGBOUNCER_PORT  (transaction mode)"; else echo "starting pid $pid  127.0.0.1:$PGBOUNCER_PORT"; return 1; fi
+  elif port_open $PGBOUNCER_PORT; then
+    if pgb_dsn_ok; then echo "external 127.0.0.1:$PGBOUNCER_PORT (not started by this script; DSN works)"; else echo "blocked  127.0.0.1:$PGBOUNCER_PORT taken, $PGB_DSN does not work"; return 1; fi
+  else echo "stopped"; return 1; fi
+}
+
+# answers_pgbouncer: see answers_postgres below.
+answers_pgbouncer() {
+  if pgb_pid >/dev/null; then
+    pgb_dsn_ok || return 1
+    log "already running (pid $(pgb_pid))"
+  elif pgb_dsn_ok; then
+    log "reusing the pooler already on 127.0.0.1:$PGBOUNCER_PORT (not started by this script; $PGB_DSN works)"
+  else
+    return 1
+  fi
+}
+
 # ------------------------------------------------------------------------------- commands
 
 print_env() {
@@ -965,6 +1082,8 @@ export TEST_KAFKA_SASL_READER_PREFIX=$KAFKA_SASL_READER_PREFIX
 export TEST_ROCKETMQ_NAMESRV=127.0.0.1:$NAMESRV_PORT
 export TEST_ROCKETMQ_BROKER=127.0.0.1:$BROKER_PORT
 export TEST_ROCKETMQ_LIB='$rmq_lib'
+export TEST_PGBOUNCER_DSN='$PGB_DSN'
+export TEST_PGBOUNCER_BACKEND_DSN='$PG_DSN'
 EOF
 }
 

@@ -27,6 +27,18 @@ type Config struct {
 	// MaxAttempts is how many handler executions a record may start before a
 	// retryable failure becomes FAILED_FINAL. Default 5; must be 1 to 1000.
 	MaxAttempts int
+	// TransactionPooler says the pool reaches Postgres through a connection
+	// pooler in transaction mode (PgBouncer pool_mode = transaction, RDS
+	// Proxy, Supavisor), which keeps a client on one server session only
+	// for a transaction. idemq cannot detect one (it answers as Postgres
+	// does), so set it yourself. Default false. When set, New refuses a
+	// pool whose DefaultQueryExecMode is QueryExecModeCacheStatement (the
+	// pgx default) or QueryExecModeDescribeExec: use QueryExecModeExec or
+	// QueryExecModeSimpleProtocol. Migrate and RunMaintenance, which hold
+	// session advisory locks, then return an error wrapping
+	// ErrNeedsSession: run them on a Store built on a direct pool (same
+	// Config, TransactionPooler false). Everything else works through it.
+	TransactionPooler bool
 	// MaxErrorBytes bounds last_error and dead-letter error text, in bytes.
 	// Default 2048; at least 64.
 	MaxErrorBytes int

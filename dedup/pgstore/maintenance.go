@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/pooler"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -172,8 +173,15 @@ func NewMaintenanceMetrics(reg prometheus.Registerer) (*MaintenanceMetrics, erro
 // and cfg.Pause between statements; passes start cfg.Interval after the
 // previous one ended. A failed pass is logged and retried at the next
 // Interval. The pool must allow one connection more than the rest of the
-// process uses (the leader holds one).
+// process uses (the leader holds one). With Config.TransactionPooler set it
+// returns at once an error wrapping ErrNeedsSession: the leader's lock is a
+// session lock, which a transaction pooler would leave on a server
+// connection it hands to other clients.
 func (s *Store) RunMaintenance(ctx context.Context, cfg MaintenanceConfig) error {
+	if s.cfg.TransactionPooler {
+		return pooler.NeedsSession("idemq: maintenance", "pgstore.Config.TransactionPooler",
+			"run RunMaintenance on a Store built on a direct pool to Postgres (same Config, TransactionPooler false)")
+	}
 	if err := cfg.Validate(s); err != nil {
 		return err
 	}

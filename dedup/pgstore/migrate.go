@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/idemq/idemq/internal/pgmigrate"
+	"github.com/idemq/idemq/internal/pooler"
 )
 
 //go:embed migrations/*.sql
@@ -18,7 +19,14 @@ var migrationFS embed.FS
 // them) and cheap when there is nothing to do: it first reads the version
 // read-only (as CheckSchema does) and, when the schema is current, returns
 // without a lock or any DDL, so a data-only role may call it.
+//
+// With Config.TransactionPooler set it returns an error wrapping
+// ErrNeedsSession: the advisory lock is a session lock.
 func (s *Store) Migrate(ctx context.Context) error {
+	if s.cfg.TransactionPooler {
+		return pooler.NeedsSession("idemq: migrate", "pgstore.Config.TransactionPooler",
+			"run Migrate on a Store built on a direct pool to Postgres (same Config, TransactionPooler false)")
+	}
 	if err := pgmigrate.Apply(ctx, s.pool, s.cfg.Schema, versionTable(s.cfg), migrations(), s.q.tables); err != nil {
 		return fmt.Errorf("idemq: migrate: %w", err)
 	}

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -445,9 +446,18 @@ func (q *queries) deadLetterArgs(d deadLetterRow) []any {
 	for k, v := range d.msg.Headers {
 		headers[clip(k, 1024)] = clip(v, 8192)
 	}
+	// The headers go as JSON text cast to jsonb by the statement: a Go map
+	// has no Postgres type of its own, so pgx could encode it only where
+	// the server describes the parameter first (prepared statements), not
+	// in QueryExecModeExec or QueryExecModeSimpleProtocol (connection
+	// poolers in transaction mode).
+	hdr, err := json.Marshal(headers)
+	if err != nil { // a map[string]string always marshals
+		hdr = []byte("{}")
+	}
 	return []any{id.Scope, id.MessageID, id.BusinessKey, d.reason,
 		clip(d.cause.Error(), q.maxErrorBytes), class, d.sum, d.attempts, clip(d.msg.Topic, 1024), d.msg.Key,
-		headers, d.msg.Payload, clip(d.msg.Source, 1024)}
+		string(hdr), d.msg.Payload, clip(d.msg.Source, 1024)}
 }
 
 // scanDeadLetterID reads dead_letter_insert's row: the new dead letter's

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/pgtext"
+	"github.com/idemq/idemq/internal/pooler"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -54,6 +55,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
+	}
+	if cfg.TransactionPooler {
+		if err := pooler.CheckExecMode(pool, "pgstore.Config.TransactionPooler", dedup.ErrInvalidConfig); err != nil {
+			return nil, err
+		}
 	}
 	q, err := newQueries(cfg)
 	if err != nil {

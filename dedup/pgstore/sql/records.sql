@@ -125,7 +125,7 @@ where id = $1;
 insert into {{.dead_letters}}
   (scope, message_id, business_key, reason, error, error_class, fingerprint, attempts,
    topic, message_key, headers, payload, source)
-values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::text::jsonb, $12, $13)
 on conflict (scope, message_id, reason, (coalesce(fingerprint, ''::bytea))) where redriven_at is null do nothing
 returning id;
 
