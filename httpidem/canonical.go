@@ -17,7 +17,18 @@ import (
 // version, so a rule change (a new version) never turns a retry of a request
 // that was recorded under the old rules into a fingerprint conflict.
 //
-// Version 1 (the only version so far):
+// Version 2 (the current version) has version 1's body rules and adds the
+// request target to the fingerprint: the path and the query, canonical
+// (see canonicalTarget: RFC 3986 path normalization, parameters sorted by
+// name, Config.IgnoreQuery left out), so one key sent to two resources of
+// one route pattern (/invoices/inv-901/credits, /invoices/inv-902/credits)
+// or with other parameters (?cents=7, ?cents=700) is a conflict, never a
+// replay of the other's response. Records stored under version 1 are
+// compared on version 1's input, without the target: their retries after
+// an upgrade still replay (a retry is sent to the same target), and the
+// target check covers them once they leave Config.RetryWindow.
+//
+// Version 1:
 //   - JSON bodies (media type application/json, or any subtype ending in
 //     "+json", parameters such as charset ignored, case-insensitive) are
 //     canonicalized per RFC 8785 (JCS) with github.com/gowebpki/jcs: members
@@ -35,8 +46,9 @@ import (
 //   - Any other body is taken byte for byte.
 //
 // Changing any rule above requires a new version; the frozen outputs in
-// canonical_test.go fail when version 1's output changes.
-const CanonicalVersion = 1
+// canonical_test.go and target_test.go fail when a version's output
+// changes.
+const CanonicalVersion = 2
 
 // errMalformedJSON wraps every error about a JSON request body that cannot be
 // canonicalized; the middleware maps it to 400 with a problem body.
@@ -51,6 +63,7 @@ var errUnknownCanonicalVersion = errors.New("httpidem: unknown body canonicaliza
 // CanonicalVersion moves to it.
 var canonicalizers = map[int]func(contentType string, body []byte, ignore []string) ([]byte, error){
 	1: canonicalV1,
+	2: canonicalV1, // same body rules; the fingerprint adds the target
 }
 
 // canonicalBody returns the canonical form of a request body under the

@@ -26,9 +26,22 @@ var ErrInvalidConfig = dedup.ErrInvalidConfig
 type Extractor func(r *http.Request) (string, error)
 
 // Header returns an Extractor of the value of request header name ("" when
-// absent), e.g. Config.APIVersion = Header("Api-Version").
+// absent), e.g. Config.APIVersion = Header("Api-Version"). As Principal, an
+// absent or blank header is answered 401 (see Config.Principal).
 func Header(name string) Extractor {
 	return func(r *http.Request) (string, error) { return r.Header.Get(name), nil }
+}
+
+// Cookie returns an Extractor of the value of the request's cookie name
+// ("" when absent), e.g. Config.Anonymous = Cookie("session") for a form
+// whose callers are known by their session only.
+func Cookie(name string) Extractor {
+	return func(r *http.Request) (string, error) {
+		if c, err := r.Cookie(name); err == nil {
+			return c.Value, nil
+		}
+		return "", nil // absent: blank, refused by the middleware
+	}
 }
 
 // Pattern is the default route Extractor: the pattern of the net/http
@@ -57,8 +70,8 @@ func DefaultFinalStatus(status int) bool {
 }
 
 // Config configures a Middleware. The zero value of every field but Store,
-// Fingerprinter and Principal means "use the default" given in the field's
-// comment.
+// Fingerprinter and Principal (or Anonymous) means "use the default" given
+// in the field's comment.
 type Config struct {
 	// Store keeps the consumption records, dead letters and stored
 	// responses (the same tables as the MQ side; run Store.Migrate, which
@@ -72,18 +85,41 @@ type Config struct {
 	// dedup.NewFingerprinter(nil, keys...): the middleware canonicalizes
 	// the request itself, so a Canonicalizer would only break it.
 	Fingerprinter *dedup.Fingerprinter
-	// Principal extracts who sends the request (a user or API client ID).
-	// Required. Part of the scope, so two principals' keys never collide,
-	// and the key of the MaxUnfinished cap.
+	// Principal extracts who sends the request (a user or API client ID,
+	// from the verified credentials). Required unless Anonymous is set.
+	// Part of the scope, so two principals' keys never collide, and the key
+	// of the MaxUnfinished cap. An empty or blank value (no credentials,
+	// an authentication middleware that did not run) is no identity: the
+	// request is answered 401 TypeUnauthenticated before anything is
+	// written, unless Anonymous is set.
 	Principal Extractor
+	// Anonymous, when set, opens the routes to callers without a
+	// principal, explicitly: a request whose Principal is empty or blank
+	// (or every request, when Principal is nil) is scoped by what
+	// Anonymous extracts instead, something the caller owns and others
+	// cannot send (a session cookie, a device ID), in a key space of its
+	// own (AnonymousScope), so an anonymous caller never shares keys with a
+	// principal or with another anonymous caller. A blank value is
+	// answered 401 TypeUnauthenticated. Default nil: no anonymous callers.
+	Anonymous Extractor
 	// Tenant extracts the tenant. Default nil: "" (one tenant). Part of the
-	// scope.
+	// scope. When set, an empty or blank tenant is answered 400
+	// TypeUnidentified before anything is written.
 	Tenant Extractor
 	// Route extracts the route pattern, part of the scope and of the
 	// fingerprint. Default Pattern (net/http ServeMux's
 	// Request.Pattern). Keys are per route: the same key on two routes is
-	// two requests.
+	// two requests. Within a route, the concrete target (the path, with
+	// its path values, and the query, canonical: parameter order does not
+	// matter) is part of the fingerprint: the same key sent to another
+	// resource or with other parameters is a conflict (ConflictStatus),
+	// never a replay.
 	Route Extractor
+	// IgnoreQuery are query parameter names (exact, case-sensitive) left
+	// out of the fingerprint's target, so a retry that differs only in
+	// them (a cache buster, a tracking parameter) is a replay. Default
+	// none: every parameter counts.
+	IgnoreQuery []string
 	// APIVersion extracts the API version, part of the fingerprint (a
 	// retry under another version is a conflict). Default nil: no version.
 	// Header("Api-Version") takes it from a header.
@@ -267,8 +303,8 @@ func (c Config) validate() error {
 		return bad("Store is required")
 	case c.Fingerprinter == nil:
 		return bad("Fingerprinter is required (dedup.NewFingerprinter(nil, keys...))")
-	case c.Principal == nil:
-		return bad("Principal is required")
+	case c.Principal == nil && c.Anonymous == nil:
+		return bad("Principal is required (or Anonymous, for routes open to anonymous callers)")
 	case len(c.Methods) == 0:
 		return bad("Methods is empty: give at least one method, or leave it nil for the default")
 	case c.MaxBodyBytes < 1 || c.MaxBodyBytes > 1<<30:
@@ -300,6 +336,9 @@ func (c Config) validate() error {
 		if c.Store.Config().Fingerprinter != c.Fingerprinter {
 			return bad("Lease: the Store's Fingerprinter must be Config.Fingerprinter (lease mode fingerprints through the store)")
 		}
+	}
+	if err := validateIgnoreQuery(c.IgnoreQuery); err != nil {
+		return bad("IgnoreQuery: %v", err)
 	}
 	if err := validateIgnore(c.IgnoreFields); err != nil {
 		return bad("IgnoreFields: %v", err)

@@ -11,7 +11,7 @@
 //	mw, err := httpidem.New(httpidem.Config{
 //		Store:         store, // *pgstore.Store; store.Migrate creates the tables
 //		Fingerprinter: fp,    // dedup.NewFingerprinter(nil, keys...)
-//		Principal:     func(r *http.Request) (string, error) { return userID(r) },
+//		Principal:     func(r *http.Request) (string, error) { return userID(r) }, // "" → 401
 //	})
 //	mux.Handle("POST /payments", mw.Handler(http.HandlerFunc(createPayment)))
 //
@@ -28,23 +28,43 @@
 // tenant, principal, method and route pattern, each from an Extractor
 // (Config.Tenant, Principal, Route), joined injectively by Scope (keys of
 // two principals, tenants or routes never collide; the same key on two
-// routes is two requests); the message ID is the Idempotency-Key, 1 to 255
+// routes is two requests; the same key on two targets of one route is a
+// conflict, see Fingerprint); the message ID is the Idempotency-Key, 1 to 255
 // bytes of printable ASCII (ValidateKey; an RFC 8941 quoted string as the
 // draft writes it is accepted too). Requests whose method is in
 // Config.Methods (POST and PATCH by default) must carry one: none → 400
 // TypeKeyMissing, an invalid one → 400 TypeKeyInvalid, both with RFC 9457
 // problem+json bodies (Problem).
 //
+// An empty or blank principal is no identity (no credentials, an
+// authentication middleware that did not run): every such caller would
+// share one key space and be served another's stored response. It is
+// answered 401 TypeUnauthenticated before anything is written, and a blank
+// configured tenant 400 TypeUnidentified. A route open to anonymous callers
+// says so with Config.Anonymous, an Extractor of something the caller owns
+// (Cookie("session"), a device ID): a request without a principal is then
+// scoped by it, in a key space no principal shares (AnonymousScope), and a
+// blank one is refused too.
+//
 // # Fingerprint
 //
 // The record stores an HMAC-SHA256 (Config.Fingerprinter: key IDs, current
-// and previous keys for rotation) over the method, route pattern, media
-// type, API version (Config.APIVersion), tenant, principal and the
-// canonical body: JSON bodies per RFC 8785 (JCS) without the members of
-// Config.IgnoreFields, other bodies byte for byte. The canonicalization
-// rules carry a version (CanonicalVersion), stored with the record; a retry
-// is compared under the stored version, so a rule upgrade never turns a
-// retry into a conflict.
+// and previous keys for rotation) over the method, route pattern, the
+// target, media type, API version (Config.APIVersion), tenant, principal
+// and the canonical body: JSON bodies per RFC 8785 (JCS) without the
+// members of Config.IgnoreFields, other bodies byte for byte. The target is
+// the concrete resource and parameters: the path (path values included;
+// RFC 3986 normalized: %2D is "-", %2f is %2F) and the query parsed as
+// URL.Query() reads it and re-encoded with the parameters sorted by name
+// (the order of parameters does not matter, the order of one parameter's
+// repeated values does), without Config.IgnoreQuery; a query that does not
+// parse counts byte for byte. So one key sent to /invoices/inv-901/credits
+// and then to /invoices/inv-902/credits, or with ?cents=7 and then
+// ?cents=700, is a conflict (422), never a replay of the other resource's
+// outcome. The canonicalization rules carry a version (CanonicalVersion),
+// stored with the record; a retry is compared under the stored version, so
+// a rule upgrade never turns a retry into a conflict (records of version 1
+// are compared without the target until they leave Config.RetryWindow).
 //
 // # Outcomes
 //
@@ -173,7 +193,8 @@
 // # Operations
 //
 // HTTP records are consumption records: `idemq inspect --http-tenant T
-// -http-principal P -http-method M -http-route R -message-id <key>` shows
+// -http-principal P -http-method M -http-route R -message-id <key>`
+// (-http-anonymous OWNER for an anonymous caller) shows
 // one with its stored response (the scope composed by Scope; the body only
 // with -show-body, never a sealed one: DescribeStoredResponse), `idemq
 // dead-letters -scope-prefix 'http|'` (ScopePrefix) lists conflicts and

@@ -28,16 +28,32 @@ func newStore() (*pgstore.Store, *dedup.Fingerprinter) {
 	return store, fp
 }
 
+// accountKey is where the example's authentication middleware puts the
+// account it verified.
+type accountKey struct{}
+
+// accountID is the account the authentication middleware verified, "" when
+// the request had no valid credentials.
+func accountID(ctx context.Context) string {
+	id, _ := ctx.Value(accountKey{}).(string)
+	return id
+}
+
 // A middleware on a ServeMux route: the handler writes through the
-// record's transaction, and its response is sent after COMMIT.
+// record's transaction, and its response is sent after COMMIT. The
+// principal comes from the verified credentials; a request without one is
+// refused 401 before anything is recorded, never put in a key space shared
+// by every anonymous caller.
 func ExampleNew() {
 	store, fp := newStore()
 	mw, err := httpidem.New(httpidem.Config{
 		Store:         store, // store.Migrate(ctx) at start creates the tables
 		Fingerprinter: fp,
-		Principal:     httpidem.Header("X-User"), // in production: from the verified credentials
-		APIVersion:    httpidem.Header("Api-Version"),
-		IgnoreFields:  []string{"traceId"},
+		// Who calls, from the verified credentials (your auth middleware
+		// runs first). Blank: 401, never a key space shared by every caller.
+		Principal:    func(r *http.Request) (string, error) { return accountID(r.Context()), nil },
+		APIVersion:   httpidem.Header("Api-Version"),
+		IgnoreFields: []string{"traceId"},
 	})
 	if err != nil {
 		panic(err)
@@ -55,12 +71,20 @@ func ExampleNew() {
 	c := mw.Config()
 	fmt.Println(c.Methods, c.ConflictStatus, c.MaxUnfinished, c.RetryWindow, c.MaxBodyBytes)
 
+	// No credentials: refused before the store is asked.
+	req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{"amount":"30.00"}`))
+	req.Header.Set(httpidem.KeyHeader, "pay-7")
+	w := httptest.NewRecorder()
+	mux.ServeHTTP(w, req)
+	fmt.Println(w.Code, strings.Contains(w.Body.String(), httpidem.TypeUnauthenticated))
+
 	// Errors name the field; a retention shorter than the retry window is refused.
 	_, err = httpidem.New(httpidem.Config{Store: store, Fingerprinter: fp, Principal: httpidem.Header("X-User"), RetryWindow: 30 * 24 * time.Hour})
 	fmt.Println(errors.Is(err, dedup.ErrRetentionTooShort))
 	fmt.Println(err)
 	// Output:
 	// [POST PATCH] 422 100 24h0m0s 1048576
+	// 401 true
 	// true
 	// idemq: retention shorter than the broker's redelivery horizon: httpidem: Store SucceededRetention 168h0m0s < RetryWindow 720h0m0s: a retry after the record was purged would run the handler again
 }

@@ -53,9 +53,32 @@ const scopePrefix = "http|"
 // UTF-8) becomes "http|sha256:<64 hex digits>" of the long form. The CLI
 // composes it from its parts to find a request's record: `idemq inspect
 // -http-tenant T -http-principal P -http-method M -http-route R
-// -message-id <key>` (or -scope with its result).
+// -message-id <key>` (or -scope with its result). The route is the
+// pattern: the concrete target (path values, query) is part of the
+// fingerprint, not of the scope.
 func Scope(tenant, principal, method, route string) string {
-	s := scopePrefix + escapePart(tenant) + "|" + escapePart(principal) + "|" + escapePart(method) + "|" + escapePart(route)
+	return scopeOf(tenant, escapePart(principal), method, route)
+}
+
+// AnonymousScope is the scope of a request from an anonymous caller
+// (Config.Anonymous) identified by owner, what it owns (a session ID): its
+// principal part is "%anonymous:" and the escaped owner, a form no escaped
+// principal takes (an escaped part has '%' only in "%25" and "%7C"), so an
+// anonymous caller never shares a key space with a principal. The CLI
+// composes it with -http-anonymous OWNER instead of -http-principal.
+func AnonymousScope(tenant, owner, method, route string) string {
+	return scopeOf(tenant, anonymousPart(owner), method, route)
+}
+
+// anonymousMarker starts the principal part of an anonymous caller.
+const anonymousMarker = "%anonymous:"
+
+func anonymousPart(owner string) string { return anonymousMarker + escapePart(owner) }
+
+// scopeOf builds a scope from a principal part already escaped (Scope) or
+// marked anonymous (AnonymousScope).
+func scopeOf(tenant, principalPart, method, route string) string {
+	s := scopePrefix + escapePart(tenant) + "|" + principalPart + "|" + escapePart(method) + "|" + escapePart(route)
 	if len(s) > MaxKeyBytes || !validUTF8NoNUL(s) {
 		sum := sha256.Sum256([]byte(s))
 		return scopePrefix + "sha256:" + hex.EncodeToString(sum[:])
@@ -63,11 +86,11 @@ func Scope(tenant, principal, method, route string) string {
 	return s
 }
 
-// principalKey is the key of the MaxUnfinished cap: tenant and principal,
-// escaped as in Scope (not length-bounded: it is compared, not indexed as
-// a scope).
-func principalKey(tenant, principal string) string {
-	return escapePart(tenant) + "|" + escapePart(principal)
+// principalKey is the key of the MaxUnfinished cap: tenant and principal
+// part (escaped or marked anonymous, as in the scope; not length-bounded:
+// it is compared, not indexed as a scope).
+func principalKey(tenant, principalPart string) string {
+	return escapePart(tenant) + "|" + principalPart
 }
 
 func escapePart(s string) string {

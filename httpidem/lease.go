@@ -41,7 +41,7 @@ func (m *Middleware) processLeased(ctx context.Context, w http.ResponseWriter, r
 		}
 		version = stored.CanonVersion
 	}
-	c.msg.Payload = fingerprintInput(r.Method, c.req, canon)
+	c.msg.Payload = fingerprintInput(version, r.Method, c.req, canon)
 	if stored.Status == "" {
 		n, err := m.hs.CountUnfinished(ctx, c.principal, m.cfg.RetryWindow, m.cfg.MaxUnfinished)
 		if err != nil {

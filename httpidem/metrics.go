@@ -35,7 +35,7 @@ const (
 	OutcomeExhausted Outcome = "exhausted"
 	// OutcomeRejected means the request was refused before any record was
 	// touched (missing or invalid key, body too large or malformed, an
-	// extractor failed).
+	// extractor failed, a blank tenant or principal).
 	OutcomeRejected Outcome = "rejected"
 	// OutcomeUnavailable means the store failed or the outcome is unknown;
 	// answered 503.
@@ -64,7 +64,7 @@ var outcomesArray = [...]Outcome{OutcomeExecuted, OutcomeReplayed, OutcomeConfli
 // none).
 func NewMetrics(constLabels prometheus.Labels) *Metrics {
 	return &Metrics{desc: prometheus.NewDesc("idemq_http_requests_total",
-		"Requests that required an Idempotency-Key, by what the middleware did: executed, replayed, conflict, in_flight (409), too_many_unfinished (429), failed (retryable), exhausted, rejected (400/413), unavailable (503).",
+		"Requests that required an Idempotency-Key, by what the middleware did: executed, replayed, conflict, in_flight (409), too_many_unfinished (429), failed (retryable), exhausted, rejected (400/401/413), unavailable (503).",
 		[]string{"outcome"}, constLabels)}
 }
 

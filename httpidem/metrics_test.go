@@ -47,7 +47,7 @@ func TestMetricsCountReplaysConflictsInFlight(t *testing.T) {
 	mustEqual(t, "first K2", (<-first).status, http.StatusCreated)
 
 	want := `
-# HELP idemq_http_requests_total Requests that required an Idempotency-Key, by what the middleware did: executed, replayed, conflict, in_flight (409), too_many_unfinished (429), failed (retryable), exhausted, rejected (400/413), unavailable (503).
+# HELP idemq_http_requests_total Requests that required an Idempotency-Key, by what the middleware did: executed, replayed, conflict, in_flight (409), too_many_unfinished (429), failed (retryable), exhausted, rejected (400/401/413), unavailable (503).
 # TYPE idemq_http_requests_total counter
 idemq_http_requests_total{api="payments",outcome="conflict"} 1
 idemq_http_requests_total{api="payments",outcome="executed"} 2

@@ -78,8 +78,28 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 // request is one request's identity and fingerprint inputs.
 type request struct {
 	key, tenant, principal, route, version, mediaType string
+	anonymous                                         bool   // principal is Config.Anonymous's owner
+	target                                            string // canonicalTarget: path and query
 	body                                              []byte // as received
 	canon                                             []byte // canonicalized under CanonicalVersion
+}
+
+// principalPart is the principal as the scope and the cap's key hold it:
+// escaped, or marked anonymous.
+func (q request) principalPart() string {
+	if q.anonymous {
+		return anonymousPart(q.principal)
+	}
+	return escapePart(q.principal)
+}
+
+// fingerprintPrincipal is the principal as the fingerprint covers it: as
+// extracted (version 1 had no anonymous callers), or marked anonymous.
+func (q request) fingerprintPrincipal() string {
+	if q.anonymous {
+		return anonymousPart(q.principal)
+	}
+	return q.principal
 }
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -135,31 +155,32 @@ func (m *Middleware) process(w http.ResponseWriter, r *http.Request, next http.H
 			span.SetName(r.Method + " " + routePath(req.route))
 		}
 	}
-	payload := fingerprintInput(r.Method, req, req.canon)
+	payload := fingerprintInput(CanonicalVersion, r.Method, req, req.canon)
 	sum, keyID, err := m.cfg.Fingerprinter.Sum(payload)
 	if err != nil {
 		return m.problem(w, OutcomeUnavailable, &Problem{Type: TypeUnavailable, Title: "Request fingerprint failed", Status: http.StatusInternalServerError,
 			Detail: "the Fingerprinter must be built without a Canonicalizer"})
 	}
-	scope := Scope(req.tenant, req.principal, r.Method, req.route)
+	scope := scopeOf(req.tenant, req.principalPart(), r.Method, req.route)
 	info := Info{Scope: scope, Key: req.key}
 	record := []byte(scope + "\x00" + req.key)
 	msg := &dedup.Message{
 		Identity: dedup.Identity{Scope: scope, MessageID: req.key},
 		Topic:    req.route,
 		Payload:  req.body,
-		Headers:  map[string]string{"method": r.Method, "route": req.route, "content-type": req.mediaType, "api-version": req.version, "principal": req.principal, "tenant": req.tenant},
-		Source:   "http:" + r.Method + " " + r.URL.Path,
+		Headers: map[string]string{"method": r.Method, "route": req.route, "target": req.target, "content-type": req.mediaType,
+			"api-version": req.version, "principal": req.fingerprintPrincipal(), "tenant": req.tenant},
+		Source: "http:" + r.Method + " " + r.URL.Path,
 	}
 	hreq := pgstore.HTTPRequest{
-		Message: msg, Principal: boundedPrincipal(req.tenant, req.principal),
+		Message: msg, Principal: boundedPrincipal(req.tenant, req.principalPart()),
 		Sum: sum, KeyID: keyID, CanonVersion: CanonicalVersion,
 		Matches: func(version int, stored []byte, storedKeyID string) (bool, error) {
 			canon, err := canonicalBodyVersion(version, req.mediaType, req.body, m.cfg.IgnoreFields)
 			if err != nil {
 				return false, err
 			}
-			return m.cfg.Fingerprinter.Matches(fingerprintInput(r.Method, req, canon), stored, storedKeyID)
+			return m.cfg.Fingerprinter.Matches(fingerprintInput(version, r.Method, req, canon), stored, storedKeyID)
 		},
 		LockWait: m.cfg.InFlightWait, MaxUnfinished: m.cfg.MaxUnfinished, UnfinishedWindow: m.cfg.RetryWindow,
 	}
@@ -223,7 +244,7 @@ func (m *Middleware) failed(w http.ResponseWriter, last *recorder, res dedup.Res
 
 func (m *Middleware) conflict(w http.ResponseWriter) (int, Outcome) {
 	return m.problem(w, OutcomeConflict, &Problem{Type: TypeKeyReused, Title: "Idempotency-Key reused with a different request", Status: m.cfg.ConflictStatus,
-		Detail: "this key was used with a different request (body, content type, API version, route or principal); send a new key for a new request"})
+		Detail: "this key was used with a different request (body, target path or query, content type, API version, route or principal); send a new key for a new request"})
 }
 
 // inFlight answers a copy whose key is in flight: 409 with Retry-After, or
@@ -320,12 +341,28 @@ func (m *Middleware) identify(r *http.Request) (request, *Problem) {
 		return v
 	}
 	req.tenant = extract("tenant", m.cfg.Tenant)
+	if p == nil && m.cfg.Tenant != nil && isBlank(req.tenant) {
+		p = &Problem{Type: TypeUnidentified, Title: "Request cannot be identified", Status: http.StatusBadRequest, Detail: "tenant: " + errBlank.Error()}
+	}
 	req.principal = extract("principal", m.cfg.Principal)
+	if p == nil && isBlank(req.principal) {
+		// No principal is no identity: every such caller would share one
+		// key space and be served another's stored response.
+		if m.cfg.Anonymous == nil {
+			p = unauthenticated("the request carries no principal (Config.Principal returned a blank value) and this route is not open to anonymous callers")
+		} else {
+			req.principal, req.anonymous = extract("anonymous caller", m.cfg.Anonymous), true
+			if p == nil && isBlank(req.principal) {
+				p = unauthenticated("the request carries neither a principal nor what an anonymous caller must own (Config.Anonymous returned a blank value)")
+			}
+		}
+	}
 	req.route = extract("route", m.cfg.Route)
 	req.version = extract("API version", m.cfg.APIVersion)
 	if p != nil {
 		return req, p
 	}
+	req.target = canonicalTarget(r.URL, m.cfg.IgnoreQuery)
 	req.mediaType = mediaType(r.Header.Get("Content-Type"))
 	body, p := m.readBody(r)
 	if p != nil {
@@ -403,11 +440,28 @@ func mediaType(ct string) string {
 	return mt
 }
 
-// fingerprintInput is what the fingerprint covers: method, route, media
-// type, API version, tenant, principal and the canonical body. Each part
-// is length-prefixed, so no two different inputs concatenate alike.
-func fingerprintInput(method string, req request, canon []byte) []byte {
-	return appendParts(nil, method, req.route, req.mediaType, req.version, req.tenant, req.principal, string(canon))
+// fingerprintInput is what the fingerprint covers under canonicalization
+// version v: method, route, media type, API version, tenant, principal and
+// the canonical body, and from version 2 on the canonical target (path and
+// query, canonicalTarget). Each part is length-prefixed, so no two
+// different inputs concatenate alike. A record of version 1 is compared on
+// version 1's input, without the target, so that its retries after an
+// upgrade still replay.
+func fingerprintInput(v int, method string, req request, canon []byte) []byte {
+	b := appendParts(nil, method, req.route, req.mediaType, req.version, req.tenant, req.fingerprintPrincipal(), string(canon))
+	if v >= 2 {
+		b = appendParts(b, req.target)
+	}
+	return b
+}
+
+// isBlank reports whether an extracted identity is empty or only white
+// space.
+func isBlank(s string) bool { return strings.TrimSpace(s) == "" }
+
+// unauthenticated is the answer to a request without a caller identity.
+func unauthenticated(detail string) *Problem {
+	return &Problem{Type: TypeUnauthenticated, Title: "Caller not identified", Status: http.StatusUnauthorized, Detail: detail}
 }
 
 func appendParts(b []byte, parts ...string) []byte {
@@ -420,10 +474,10 @@ func appendParts(b []byte, parts ...string) []byte {
 
 // boundedPrincipal is principalKey, hashed like a long scope when over
 // 255 bytes.
-func boundedPrincipal(tenant, principal string) string {
-	k := principalKey(tenant, principal)
+func boundedPrincipal(tenant, principalPart string) string {
+	k := principalKey(tenant, principalPart)
 	if len(k) > MaxKeyBytes || !validUTF8NoNUL(k) {
-		return Scope(tenant, principal, "", "")
+		return scopeOf(tenant, principalPart, "", "")
 	}
 	return k
 }

@@ -18,8 +18,8 @@ const (
 	// printable ASCII (0x20–0x7E), or the header is repeated. Status 400.
 	TypeKeyInvalid = "urn:idemq:problem:idempotency-key-invalid"
 	// TypeKeyReused: the key was used before with a different request (its
-	// fingerprint differs: body, content type, API version, route or
-	// principal). Status Config.ConflictStatus (422 by default). The
+	// fingerprint differs: body, target path or query, content type, API
+	// version, route or principal). Status Config.ConflictStatus (422 by default). The
 	// handler was not called; the record is unchanged; a dead letter with
 	// reason payload_conflict keeps the request.
 	TypeKeyReused = "urn:idemq:problem:idempotency-key-reused"
@@ -41,8 +41,16 @@ const (
 	// JSON under a JSON content type). Status 400.
 	TypeBodyMalformed = "urn:idemq:problem:request-body-malformed"
 	// TypeUnidentified: an Extractor (tenant, principal, route, API
-	// version) failed without a Problem of its own. Status 400.
+	// version) failed without a Problem of its own, or a configured Tenant
+	// is empty or blank. Status 400.
 	TypeUnidentified = "urn:idemq:problem:request-unidentified"
+	// TypeUnauthenticated: the request has no caller identity: Principal
+	// returned an empty or blank value and the route is not open to
+	// anonymous callers (Config.Anonymous), or Anonymous returned a blank
+	// value too. Status 401, without WWW-Authenticate (the middleware knows
+	// no authentication scheme: refuse such requests in the authentication
+	// middleware before this one to send a challenge). Nothing is written.
+	TypeUnauthenticated = "urn:idemq:problem:caller-unauthenticated"
 	// TypeUnavailable: the record store could not be reached or the
 	// outcome could not be recorded; nothing is known to have committed
 	// and the request may be retried with the same key. Status 503, with

@@ -167,3 +167,66 @@ func (s *spySpan) SetAttributes(kv ...attribute.KeyValue) {
 func (s *spySpan) SetStatus(codes.Code, string)            {}
 func (s *spySpan) End(...trace.SpanEndOption)              { s.done = true }
 func (s *spySpan) RecordError(error, ...trace.EventOption) {}
+
+// A record stored under canonicalization version 1 (before the target was
+// part of the fingerprint) is compared on version 1's input after the
+// upgrade: its retry replays (no 422 storm on deploy), another body is
+// still a conflict. New records are version 2: the same key sent with
+// another query is a conflict.
+func TestVersion1RecordAfterTheTargetUpgrade(t *testing.T) {
+	e := newEnv(t, nil)
+	const body = `{"amount":"30.00"}`
+	first := e.post("/payments", "alice", "KV1", body)
+	if first.status != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	// Rewrite the record as version 1 wrote it: version 1's input, without
+	// the target.
+	_, canon, err := canonicalBody("application/json", []byte(body), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := request{route: "POST /payments", mediaType: "application/json", tenant: e.tenant, principal: "alice"}
+	sum, keyID, err := testFP.Sum(fingerprintInput(1, http.MethodPost, v1, canon))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scope := Scope(e.tenant, "alice", http.MethodPost, "POST /payments")
+	records := quoted(dbSchema, "consumption_records")
+	e.exec(`update `+records+` set fingerprint = $2, fingerprint_key_id = $3 where scope = $1 and message_id = 'KV1'`, scope, sum, keyID)
+	e.exec(`update `+e.httpTable()+` set canon_version = 1 where record_id = (select id from `+records+` where scope = $1 and message_id = 'KV1')`, scope)
+
+	if r := e.post("/payments", "alice", "KV1", body); r.status != http.StatusCreated || !r.replayed() || !bodyEqual(r.body, first.body) {
+		t.Fatalf("retry of the version 1 record: %d replayed=%v %s, want the replay of %s", r.status, r.replayed(), r.body, first.body)
+	}
+	if r := e.post("/payments", "alice", "KV1", `{"amount":"31.00"}`); r.status != http.StatusUnprocessableEntity {
+		t.Fatalf("version 1 record, another body: %d %s, want 422", r.status, r.body)
+	}
+	if r := e.post("/payments", "alice", "KV2", body); r.status != http.StatusCreated || r.replayed() {
+		t.Fatalf("new key: %d %s", r.status, r.body)
+	}
+	if r := e.post("/payments?currency=EUR", "alice", "KV2", body); r.status != http.StatusUnprocessableEntity || r.problem(t).Type != TypeKeyReused {
+		t.Fatalf("version 2 record, another query: %d replayed=%v %s, want 422", r.status, r.replayed(), r.body)
+	}
+	mustEqual(t, "payments rows", e.payments(), 2)
+	mustEqual(t, "canon_version of the new record", e.count(`select canon_version from `+e.httpTable()+` where record_id = (select id from `+records+
+		` where scope = $1 and message_id = 'KV2')`, scope), CanonicalVersion)
+}
+
+// Config.IgnoreQuery leaves a parameter out of the target: a retry that
+// differs only in it is a replay; every other parameter still counts.
+func TestIgnoreQueryParameters(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.IgnoreQuery = []string{"_"} })
+	const body = `{"amount":"30.00"}`
+	first := e.post("/payments?_=1&channel=web", "alice", "KQ", body)
+	if first.status != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	if r := e.post("/payments?channel=web&_=2", "alice", "KQ", body); !r.replayed() || !bodyEqual(r.body, first.body) {
+		t.Fatalf("retry with another cache buster: %d replayed=%v %s", r.status, r.replayed(), r.body)
+	}
+	if r := e.post("/payments?channel=app", "alice", "KQ", body); r.status != http.StatusUnprocessableEntity {
+		t.Fatalf("retry with another channel: %d %s, want 422", r.status, r.body)
+	}
+	mustEqual(t, "payments rows", e.payments(), 1)
+}

@@ -47,6 +47,8 @@
 //	S20 blank message IDs and business keys fall back to the position / none                 TestS20BlankMessageIDs, TestRocketMQS20BlankMessageIDProperty
 //	S21 same Idempotency-Key at the same time (20 copies): one execution, 409s, replay        httpidem: TestS21SameKeyAtTheSameTime, TestInFlightWaitAnswersFromTheFirstOutcome
 //	S22 same key, different request: 422/409, keys per route, canonical JSON replays          httpidem: TestS22SameKeyDifferentRequest, TestRetryComparedUnderTheStoredCanonicalVersion
+//	S23 one key, two targets (path values, query): 422, never the other target's replay      TestS23OneKeyTwoTargets, httpidem: TestCanonicalTarget*, TestVersion1RecordAfterTheTargetUpgrade
+//	S24 no caller: blank principal/tenant refused before anything is written; Anonymous     TestS24NoCaller, TestS24AnonymousRouteScopesByOwner
 //
 // Beside them: the cost of start markers counted statement by statement
 // (TestCrashLoopMarkersCostNothingOnFirstDeliveries) and their rules on

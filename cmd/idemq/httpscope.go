@@ -19,18 +19,19 @@ import (
 // HTTP request's scope (package httpidem), composed with httpidem.Scope so
 // that the operator never escapes or hashes it by hand.
 type scopeFlags struct {
-	scope                            string
-	tenant, principal, method, route string
+	scope                                       string
+	tenant, principal, anonymous, method, route string
 }
 
 // httpFlagNames are the flags of an HTTP request's scope.
-var httpFlagNames = []string{"http-tenant", "http-principal", "http-method", "http-route"}
+var httpFlagNames = []string{"http-tenant", "http-principal", "http-anonymous", "http-method", "http-route"}
 
 func (s *scopeFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	fs.StringVar(&s.scope, "scope", "", "scope (consumer group), as stored; or name an HTTP request with the --http-* flags")
 	fs.StringVar(&s.tenant, "http-tenant", "", "HTTP request: the tenant (httpidem Config.Tenant; empty when none); with --http-principal, --http-method, --http-route instead of --scope")
 	fs.StringVar(&s.principal, "http-principal", "", "HTTP request: the principal (httpidem Config.Principal)")
+	fs.StringVar(&s.anonymous, "http-anonymous", "", "HTTP request of an anonymous caller: what it owns (httpidem Config.Anonymous, e.g. its session ID), instead of --http-principal")
 	fs.StringVar(&s.method, "http-method", "", "HTTP request: the method, e.g. POST")
 	fs.StringVar(&s.route, "http-route", "", `HTTP request: the route pattern (httpidem Config.Route; for ServeMux the pattern with its method, e.g. "POST /payments")`)
 }
@@ -66,8 +67,15 @@ func (s *scopeFlags) resolve(cmd *cobra.Command, f *storeFlags, optional bool) (
 		return "", usagef("%s: give --scope or the --http-* flags, not both", name)
 	case s.method == "" || s.route == "":
 		return "", usagef("%s: --http-method and --http-route are required with the --http-* flags", name)
+	case cmd.Flags().Changed("http-anonymous") && cmd.Flags().Changed("http-principal"):
+		return "", usagef("%s: give --http-principal or --http-anonymous, not both", name)
+	case cmd.Flags().Changed("http-anonymous") && strings.TrimSpace(s.anonymous) == "":
+		return "", usagef("%s: --http-anonymous is blank: an anonymous caller is named by what it owns", name)
 	case isRedis:
 		return "", usagef("%s: the --http-* flags are not for a Redis-only store (--redis): HTTP requests are recorded in Postgres", name)
+	}
+	if cmd.Flags().Changed("http-anonymous") {
+		return httpidem.AnonymousScope(s.tenant, s.anonymous, s.method, s.route), nil
 	}
 	return httpidem.Scope(s.tenant, s.principal, s.method, s.route), nil
 }

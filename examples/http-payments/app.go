@@ -18,6 +18,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -180,7 +181,13 @@ func runServe(ctx context.Context, args []string) error {
 		}
 		fp, _ := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "demo-1", Secret: fingerprintSecret})
 		if s.mw, err = httpidem.New(httpidem.Config{
-			Store: st, Fingerprinter: fp, Principal: principal,
+			Store: st, Fingerprinter: fp,
+			// API clients are known by their account; a browser without
+			// one only by its session, in a key space of its own. A
+			// request with neither is refused 401 before anything is
+			// written, never put in a key space every caller shares.
+			Principal: httpidem.Header("X-User"), // in production: from the verified credentials
+			Anonymous: httpidem.Cookie("sid"),
 			// A copy that arrives while the first request runs waits for
 			// its outcome (then replays it) instead of a 409 at once.
 			InFlightWait: 5 * time.Second,
@@ -229,16 +236,18 @@ func (s *server) routes() http.Handler {
 	return s.crashAfterCommit(mux)
 }
 
-// principal is who sends the request: the session cookie of the form, or
-// X-User for API clients (in production: the verified credentials).
+// principal is who sends the request, as the middleware tells callers
+// apart: X-User for API clients (in production: the verified
+// credentials), else the form's session cookie, each in a namespace of its
+// own (the submit tokens' key).
 func principal(r *http.Request) (string, error) {
-	if c, err := r.Cookie("sid"); err == nil && c.Value != "" {
-		return c.Value, nil
+	if u := strings.TrimSpace(r.Header.Get("X-User")); u != "" {
+		return "user:" + u, nil
 	}
-	if u := r.Header.Get("X-User"); u != "" {
-		return u, nil
+	if c, err := r.Cookie("sid"); err == nil && strings.TrimSpace(c.Value) != "" {
+		return "session:" + c.Value, nil
 	}
-	return "", &httpidem.Problem{Type: "urn:demo:unauthenticated", Title: "who are you?", Status: http.StatusUnauthorized}
+	return "", &httpidem.Problem{Type: httpidem.TypeUnauthenticated, Title: "who are you?", Status: http.StatusUnauthorized}
 }
 
 // insertPayment is the business write, the same on both sides.
