@@ -6,6 +6,7 @@ import (
 	"time"
 
 	rocketmq "github.com/apache/rocketmq-client-go/v2"
+	rmqconsumer "github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/idemq/idemq/broker/kafkaadapter"
@@ -32,7 +33,12 @@ const growthMargin = 30 * time.Second
 // CreatePartitions).
 func produceTo(t testing.TB, topic string, p int, id string) {
 	t.Helper()
-	cl := &kafka.Client{Addr: kafka.TCP(kafkaBrokers(t)...), Timeout: 10 * time.Second}
+	produceWith(t, &kafka.Client{Addr: kafka.TCP(kafkaBrokers(t)...), Timeout: 10 * time.Second}, topic, p, id)
+}
+
+// produceWith is produceTo through cl (its brokers and transport).
+func produceWith(t testing.TB, cl *kafka.Client, topic string, p int, id string) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		res, err := cl.Produce(context.Background(), &kafka.ProduceRequest{Topic: topic, Partition: p, RequiredAcks: kafka.RequireAll,
@@ -49,6 +55,82 @@ func produceTo(t testing.TB, topic string, p int, id string) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// addPartitions raises topic's partition count to count through cl.
+func addPartitions(t testing.TB, cl *kafka.Client, topic string, count int) {
+	t.Helper()
+	res, err := cl.CreatePartitions(context.Background(), &kafka.CreatePartitionsRequest{
+		Topics: []kafka.TopicPartitionsConfig{{Name: topic, Count: int32(count)}}})
+	if err != nil {
+		t.Fatalf("create partitions of %s: %v", topic, err)
+	}
+	if err := res.Errors[topic]; err != nil {
+		t.Fatalf("create partitions of %s: %v", topic, err)
+	}
+}
+
+// rmqBrokerName returns the broker name of topic's queues (one broker).
+func rmqBrokerName(t testing.TB, topic string) string {
+	t.Helper()
+	ns, _ := rmqEndpoints(t)
+	pc, err := rocketmq.NewPullConsumer(rmqconsumer.WithGroupName(randomName("it-route-")),
+		rmqconsumer.WithNsResolver(primitive.NewPassthroughResolver(ns)),
+		rmqconsumer.WithInstance(rocketmqadapter.InstanceName("it-route")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Assign(topic, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pc.Shutdown() }()
+	mqs, err := pc.GetTopicRouteInfo(topic)
+	if err != nil || len(mqs) == 0 {
+		t.Fatalf("route of %s: %v %v", topic, mqs, err)
+	}
+	return mqs[0].BrokerName
+}
+
+// rmqSendTo writes one message with message ID id to queue q of topic on
+// brokerName, through p (a producer with a manual queue selector).
+func rmqSendTo(t testing.TB, p rocketmq.Producer, topic, brokerName string, q int, id string) {
+	t.Helper()
+	m := primitive.NewMessage(topic, []byte(id))
+	m.WithProperty(wire.MessageIDHeader, id)
+	m.Queue = &primitive.MessageQueue{Topic: topic, BrokerName: brokerName, QueueId: q}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := p.SendSync(ctx, m)
+	if err != nil {
+		t.Fatalf("send %s to queue %d: %v", id, q, err)
+	}
+	if res.Status != primitive.SendOK || res.MessageQueue == nil || res.MessageQueue.QueueId != q {
+		t.Fatalf("send %s to queue %d: %+v", id, q, res)
+	}
+}
+
+// rmqManualProducer is a producer that writes each message to its
+// Message.Queue.
+func rmqManualProducer(t testing.TB) rocketmq.Producer {
+	t.Helper()
+	ns, _ := rmqEndpoints(t)
+	p, err := rocketmq.NewProducer(
+		producer.WithNsResolver(primitive.NewPassthroughResolver(ns)),
+		producer.WithInstanceName(rocketmqadapter.InstanceName("it-manual-producer")),
+		producer.WithGroupName(randomName("it-producer-")),
+		producer.WithQueueSelector(producer.NewManualQueueSelector()),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Shutdown() })
+	return p
 }
 
 func TestS30KafkaPartitionsAddedWhileConsuming(t *testing.T) {
@@ -71,15 +153,7 @@ func TestS30KafkaPartitionsAddedWhileConsuming(t *testing.T) {
 		return committedOffsets(t, group, topic, 1)[0] == 1
 	})
 
-	cl := &kafka.Client{Addr: kafka.TCP(kafkaBrokers(t)...), Timeout: 10 * time.Second}
-	res, err := cl.CreatePartitions(context.Background(), &kafka.CreatePartitionsRequest{
-		Topics: []kafka.TopicPartitionsConfig{{Name: topic, Count: 3}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := res.Errors[topic]; err != nil {
-		t.Fatalf("create partitions: %v", err)
-	}
+	addPartitions(t, &kafka.Client{Addr: kafka.TCP(kafkaBrokers(t)...), Timeout: 10 * time.Second}, topic, 3)
 	produceTo(t, topic, 1, "shipment-1")
 	produceTo(t, topic, 2, "shipment-2")
 
@@ -148,35 +222,7 @@ func TestS30RocketMQQueuesAddedWhileConsuming(t *testing.T) {
 		}
 	})
 
-	p, err := rocketmq.NewProducer(
-		producer.WithNsResolver(primitive.NewPassthroughResolver(ns)),
-		producer.WithInstanceName(rocketmqadapter.InstanceName("it-growth-producer")),
-		producer.WithGroupName(randomName("it-producer-")),
-		producer.WithQueueSelector(producer.NewManualQueueSelector()),
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Shutdown() })
-	// send writes one message to queue q of topic.
-	send := func(brokerName string, q int, id string) {
-		t.Helper()
-		m := primitive.NewMessage(topic, []byte(id))
-		m.WithProperty(wire.MessageIDHeader, id)
-		m.Queue = &primitive.MessageQueue{Topic: topic, BrokerName: brokerName, QueueId: q}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		res, err := p.SendSync(ctx, m)
-		if err != nil {
-			t.Fatalf("send %s to queue %d: %v", id, q, err)
-		}
-		if res.Status != primitive.SendOK || res.MessageQueue == nil || res.MessageQueue.QueueId != q {
-			t.Fatalf("send %s to queue %d: %+v", id, q, res)
-		}
-	}
+	p := rmqManualProducer(t)
 	// The first message goes through a producer with the default selector
 	// (any of queues 0…3), which also names the broker of the queues.
 	first := primitive.NewMessage(topic, []byte("shipment-q0"))
@@ -199,7 +245,7 @@ func TestS30RocketMQQueuesAddedWhileConsuming(t *testing.T) {
 	}
 	ids := []string{"shipment-q4", "shipment-q5", "shipment-q6", "shipment-q7"}
 	for i, id := range ids {
-		send(brokerName, 4+i, id)
+		rmqSendTo(t, p, topic, brokerName, 4+i, id)
 	}
 
 	eventually(t, rocketmqadapter.AddedQueueBound+growthMargin, "the messages on the added queues 4…7 to be handled by the "+
