@@ -107,16 +107,18 @@ func partitionConfig(rc kafka.ReaderConfig, tp topicPartition) kafka.ReaderConfi
 const countsWait = 10 * time.Second
 
 // start joins the group, once, after reading the topics' partition counts
-// (the first generation's watch compares with them). It returns io.EOF
-// after Close.
-func (s *Source) start() error {
+// (the first generation's watch compares with them; the read ends with
+// ctx, Close or countsWait). It returns io.EOF after Close.
+func (s *Source) start(ctx context.Context) error {
 	s.mu.Lock()
 	first := !s.closed && !s.started
 	s.mu.Unlock()
 	var base map[string]int
 	if first && s.watch {
-		ctx, cancel := context.WithTimeout(s.ctx, countsWait)
-		base, _ = s.counts(ctx) // on error the first generation reads its own
+		rctx, cancel := context.WithTimeout(ctx, countsWait)
+		stop := context.AfterFunc(s.ctx, cancel)
+		base, _ = s.counts(rctx) // on error the first generation reads its own
+		stop()
 		cancel()
 	}
 	s.mu.Lock()

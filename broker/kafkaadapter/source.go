@@ -245,7 +245,7 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
 // failure is wrapped by kafkasec.Explain (kafkasec.ErrAuthentication,
 // kafkasec.ErrSecurityMismatch).
 func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
-	if err := s.start(); err != nil {
+	if err := s.start(ctx); err != nil {
 		return consumer.Delivery{}, err
 	}
 	var b *backoff.ExponentialBackOff
