@@ -231,6 +231,7 @@ func TestSourceConformanceKafkaSASL(t *testing.T) {
 // brokers; dialer and rt carry TLS/SASL (nil: PLAINTEXT). Committed offsets
 // are read over the PLAINTEXT listener.
 func kafkaSourceHarness(brokers []string, dialer *kafka.Dialer, rt kafka.RoundTripper, topic, group string, partitions int) sourcetest.Harness {
+	var mu sync.Mutex // guards partitions, raised by Grow
 	return sourcetest.Harness{
 		Produce: func(t testing.TB, msgs []sourcetest.Message) {
 			t.Helper()
@@ -259,12 +260,32 @@ func kafkaSourceHarness(brokers []string, dialer *kafka.Dialer, rt kafka.RoundTr
 		},
 		Committed: func(t testing.TB) map[string]int64 {
 			t.Helper()
+			mu.Lock()
+			n := partitions
+			mu.Unlock()
 			out := map[string]int64{}
-			for p, off := range committedOffsets(t, group, topic, partitions) {
+			for p, off := range committedOffsets(t, group, topic, n) {
 				if off >= 0 {
 					out[topic+"/"+strconv.Itoa(p)] = off
 				}
 			}
+			return out
+		},
+		// Grow adds two partitions (CreatePartitions) and writes one
+		// message to each.
+		Grow: func(t testing.TB) []sourcetest.Message {
+			t.Helper()
+			mu.Lock()
+			defer mu.Unlock()
+			cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: rt}
+			addPartitions(t, cl, topic, partitions+2)
+			var out []sourcetest.Message
+			for p := partitions; p < partitions+2; p++ {
+				m := sourcetest.Message{ID: fmt.Sprintf("%s-added-%d", t.Name(), p), Value: []byte("{}")}
+				produceWith(t, cl, topic, p, m.ID)
+				out = append(out, m)
+			}
+			partitions += 2
 			return out
 		},
 	}
@@ -288,6 +309,7 @@ func TestSourceConformanceRocketMQ(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Shutdown() })
+	manual := rmqManualProducer(t)
 	sourcetest.Run(t, func(t *testing.T) sourcetest.Harness {
 		topic, group := obRocketTopic(t, ns), randomName("srctest_")
 		return sourcetest.Harness{
@@ -315,6 +337,25 @@ func TestSourceConformanceRocketMQ(t *testing.T) {
 					t.Fatal(err)
 				}
 				return src
+			},
+			// Grow raises the queues from 4 to 8 (updateTopic) and writes one
+			// message to each of queues 4…7.
+			Grow: func(t testing.TB) []sourcetest.Message {
+				t.Helper()
+				_, broker := rmqEndpoints(t)
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				if err := rocketmqadapter.EnsureTopic(ctx, ns, broker, topic, 8); err != nil {
+					t.Fatal(err)
+				}
+				name := rmqBrokerName(t, topic)
+				var out []sourcetest.Message
+				for q := 4; q < 8; q++ {
+					m := sourcetest.Message{ID: fmt.Sprintf("%s-added-%d", t.Name(), q), Value: []byte(fmt.Sprintf("added-%d", q))}
+					rmqSendTo(t, manual, topic, name, q, m.ID)
+					out = append(out, m)
+				}
+				return out
 			},
 		}
 	})

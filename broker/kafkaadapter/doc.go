@@ -56,6 +56,18 @@
 // revoke hook and commits buffered messages of a revoked partition with the
 // new generation (segmentio/kafka-go#1398).
 //
+// Partitions added to a consumed topic end the generation too, unless
+// Config.IgnorePartitionChanges: every member asks for the topics'
+// partition count every Reader.PartitionWatchInterval
+// (DefaultPartitionWatchInterval, 5s) and ends its generation when it
+// differs from the count read before the member joined (so a partition
+// added while the group was assigning is not missed). kafka-go's own
+// watch (WatchPartitionChanges) is not used: it ends every generation at
+// once while a consumed topic does not exist. The new generation assigns
+// the added partitions; without a committed offset they are read from
+// Reader.StartOffset, kafka.FirstOffset by default, so what was written to
+// them before the rebalance is consumed too.
+//
 // # Secured brokers
 //
 // Set Config.Reader.Dialer to a dialer with TLS and SASL (build it with

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -102,8 +103,24 @@ func partitionConfig(rc kafka.ReaderConfig, tp topicPartition) kafka.ReaderConfi
 	}
 }
 
-// start joins the group, once. It returns io.EOF after Close.
-func (s *Source) start() error {
+// countsWait bounds one read of the consumed topics' partition counts.
+const countsWait = 10 * time.Second
+
+// start joins the group, once, after reading the topics' partition counts
+// (the first generation's watch compares with them; the read ends with
+// ctx, Close or countsWait). It returns io.EOF after Close.
+func (s *Source) start(ctx context.Context) error {
+	s.mu.Lock()
+	first := !s.closed && !s.started
+	s.mu.Unlock()
+	var base map[string]int
+	if first && s.watch {
+		rctx, cancel := context.WithTimeout(ctx, countsWait)
+		stop := context.AfterFunc(s.ctx, cancel)
+		base, _ = s.counts(rctx) // on error the first generation reads its own
+		stop()
+		cancel()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -116,7 +133,7 @@ func (s *Source) start() error {
 	if err != nil {
 		return fmt.Errorf("idemq/kafkaadapter: consumer group: %w", err)
 	}
-	s.started, s.cg = true, cg
+	s.started, s.cg, s.base = true, cg, base
 	s.wg.Add(1)
 	go s.runGroup(cg)
 	return nil
@@ -212,11 +229,122 @@ func (s *Source) serve(gctx context.Context, id int32, commit offsetCommitter, a
 		go s.readPartition(c)
 	}
 	s.log.Info("idemq: kafka generation joined", "group", s.cgc.ID, "generation", id, "partitions", len(claims))
+	changed := make(chan struct{})
+	wctx, stopWatch := context.WithCancel(s.ctx)
+	watched := make(chan struct{})
+	if s.watch {
+		s.mu.Lock()
+		base := s.base
+		s.base = nil
+		s.mu.Unlock()
+		go func() {
+			defer close(watched)
+			s.watchPartitions(wctx, base, changed)
+		}()
+	} else {
+		close(watched)
+	}
 	select {
 	case <-gctx.Done():
 	case <-s.ctx.Done():
+	case <-changed: // returning ends the generation: kafka-go rejoins
 	}
+	stopWatch()
+	<-watched
 	s.revoke(g, claims)
+	if s.watch && s.ctx.Err() == nil {
+		// The next generation's baseline, read before kafka-go rejoins: a
+		// partition added after it is seen by the next generation's watch
+		// even when the new assignment was made without it.
+		ctx, cancel := context.WithTimeout(s.ctx, min(s.flushWait, countsWait))
+		base, err := s.counts(ctx)
+		cancel()
+		if err == nil {
+			s.mu.Lock()
+			s.base = base
+			s.mu.Unlock()
+		}
+	}
+}
+
+// watchPartitions reads the consumed topics' partition counts every
+// watchEvery and closes changed when they differ from base (nil: the
+// counts read first), or returns when ctx ends. A failed read is logged
+// and tried again at the next tick.
+func (s *Source) watchPartitions(ctx context.Context, base map[string]int, changed chan<- struct{}) {
+	read := func() (map[string]int, bool) {
+		rctx, cancel := context.WithTimeout(ctx, countsWait)
+		defer cancel()
+		now, err := s.counts(rctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("idemq: kafka partition watch: reading the topics' partitions failed; trying again", "group", s.cgc.ID,
+					"err", err, "retry_in", s.watchEvery)
+			}
+			return nil, false
+		}
+		return now, true
+	}
+	if base == nil {
+		base, _ = read()
+	}
+	t := time.NewTicker(s.watchEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now, ok := read()
+		switch {
+		case !ok:
+		case base == nil:
+			base = now
+		case !maps.Equal(now, base):
+			s.log.Info("idemq: kafka topic partitions changed; rejoining the group", "group", s.cgc.ID, "was", base, "now", now)
+			close(changed)
+			return
+		}
+	}
+}
+
+// readPartitionCounts returns the partition count of each consumed topic,
+// 0 for a topic that does not exist, from a metadata request to the first
+// broker of Reader.Brokers that answers, through Reader.Dialer (its TLS
+// and SASL settings).
+func (s *Source) readPartitionCounts(ctx context.Context) (map[string]int, error) {
+	d := s.rc.Dialer
+	if d == nil {
+		d = kafka.DefaultDialer
+	}
+	var conn *kafka.Conn
+	var err error
+	for _, b := range s.rc.Brokers {
+		if conn, err = d.DialContext(ctx, "tcp", b); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = conn.Close() }()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	out := map[string]int{}
+	for _, t := range topics(s.rc) {
+		ps, err := conn.ReadPartitions(t)
+		switch {
+		case errors.Is(err, kafka.UnknownTopicOrPartition):
+			out[t] = 0
+		case err != nil:
+			return nil, err
+		default:
+			out[t] = len(ps)
+		}
+	}
+	return out, nil
 }
 
 // claim records that this member owns the assigned partitions in g. A

@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/segmentio/kafka-go"
@@ -301,5 +302,110 @@ func TestLagFollowsWatermarkAndCommits(t *testing.T) {
 	s.revoke(g, claims)
 	if got := s.lags(); len(got) != 0 {
 		t.Fatalf("lags after the generation ended = %+v, want none", got)
+	}
+}
+
+// scriptedCounts returns the partition counts in order, the last one from
+// then on.
+func scriptedCounts(counts ...map[string]int) func(context.Context) (map[string]int, error) {
+	var mu sync.Mutex
+	return func(context.Context) (map[string]int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		c := counts[0]
+		if len(counts) > 1 {
+			counts = counts[1:]
+		}
+		return c, nil
+	}
+}
+
+// A partition added to a consumed topic ends the generation (S30): serve
+// gives its partitions up and returns, so kafka-go rejoins and the new
+// assignment includes the added partition. The counts read before the
+// join are the baseline: a partition added between them and the
+// generation's start is not missed.
+func TestServeEndsGenerationWhenPartitionsChange(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		base map[string]int // read before the join
+		seq  []map[string]int
+	}{
+		{"added while the generation runs", map[string]int{"t": 1}, []map[string]int{{"t": 1}, {"t": 1}, {"t": 3}}},
+		{"added before the generation started", map[string]int{"t": 1}, []map[string]int{{"t": 3}}},
+		{"no baseline read before the join", nil, []map[string]int{{"t": 1}, {"t": 1}, {"t": 3}}},
+		{"topic created", map[string]int{"t": 0}, []map[string]int{{"t": 0}, {"t": 2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testSource(nil)
+			s.watchEvery, s.counts, s.base = time.Millisecond, scriptedCounts(tc.seq...), tc.base
+			log := &commitLog{}
+			done := make(chan struct{})
+			gctx, endGen := context.WithCancel(context.Background()) // never ended by the test
+			defer endGen()
+			go func() {
+				defer close(done)
+				s.serve(gctx, 7, &recordingCommitter{id: 7, log: log}, map[string][]kafka.PartitionAssignment{"t": {{ID: 0, Offset: 1}}})
+			}()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("serve did not end the generation 10s after the partition count changed")
+			}
+			if st := s.Stats(); st.Generation != -1 || len(st.Assigned) != 0 {
+				t.Fatalf("after the change: generation %d, assigned %v; want the generation given up", st.Generation, st.Assigned)
+			}
+			if got := s.base; got["t"] != tc.seq[len(tc.seq)-1]["t"] {
+				t.Fatalf("baseline for the next generation = %v, want the counts read after the change", got)
+			}
+			_ = s.Close()
+		})
+	}
+}
+
+// Without a change the generation goes on, and a missing topic is no
+// change; with IgnorePartitionChanges nothing is watched.
+func TestServeKeepsGenerationWithoutPartitionChange(t *testing.T) {
+	for _, ignore := range []bool{false, true} {
+		s := testSource(nil)
+		reads := make(chan struct{}, 100)
+		s.watch = !ignore
+		s.watchEvery, s.base = time.Millisecond, map[string]int{"t": 0}
+		s.counts = func(context.Context) (map[string]int, error) {
+			select {
+			case reads <- struct{}{}:
+			default:
+			}
+			if ignore {
+				return map[string]int{"t": 5}, nil
+			}
+			return map[string]int{"t": 0}, nil
+		}
+		done := make(chan struct{})
+		gctx, endGen := context.WithCancel(context.Background())
+		go func() {
+			defer close(done)
+			s.serve(gctx, 3, &recordingCommitter{id: 3, log: &commitLog{}}, map[string][]kafka.PartitionAssignment{"t": {{ID: 0, Offset: 1}}})
+		}()
+		if !ignore {
+			for range 20 { // twenty reads with the same count
+				select {
+				case <-reads:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the watch stopped reading the partition counts")
+				}
+			}
+		}
+		select {
+		case <-done:
+			t.Fatalf("ignore %v: serve ended the generation without a partition change", ignore)
+		default:
+		}
+		endGen()
+		<-done
+		if ignore && len(reads) != 0 {
+			t.Fatalf("IgnorePartitionChanges: %d partition reads, want 0", len(reads))
+		}
+		_ = s.Close()
 	}
 }

@@ -29,8 +29,10 @@ type Config struct {
 	// commits itself (consumer.Config.CommitEvery, CommitInterval), per
 	// generation. The group fields (GroupID, the topics, GroupBalancers,
 	// HeartbeatInterval, SessionTimeout, RebalanceTimeout, JoinGroupBackoff,
-	// RetentionTime, StartOffset, PartitionWatchInterval,
-	// WatchPartitionChanges) configure a kafka.ConsumerGroup; the fetch fields
+	// RetentionTime, StartOffset) configure a kafka.ConsumerGroup;
+	// PartitionWatchInterval sets how often the Source watches for
+	// partitions added (see IgnorePartitionChanges; WatchPartitionChanges is
+	// redundant, the watch is the default); the fetch fields
 	// (MinBytes, MaxBytes, MaxWait, ReadBatchTimeout, ReadBackoffMin,
 	// ReadBackoffMax, QueueCapacity, IsolationLevel, MaxAttempts,
 	// OffsetOutOfRangeError) configure one partition Reader per assigned
@@ -62,7 +64,27 @@ type Config struct {
 	// negative; there is no way to state an unbounded horizon here (leave
 	// it 0 and grant the ACL).
 	RedeliveryHorizon time.Duration
+	// IgnorePartitionChanges turns off the watch for partitions added to
+	// the consumed topics. Default false: every member asks for the topics'
+	// partition count (a metadata request through Reader.Dialer) every
+	// Reader.PartitionWatchInterval (default DefaultPartitionWatchInterval,
+	// 5s) and ends its generation when a count differs from the one read
+	// before it joined, so the group rebalances and an added partition is
+	// consumed, from its first offset (Reader.StartOffset's default
+	// kafka.FirstOffset), within that interval plus one rebalance (bounded
+	// by Reader.RebalanceTimeout, default 30s). Set, an added partition is
+	// consumed only after the group rebalances for another reason (a member
+	// joins or leaves). A topic that does not exist counts 0 partitions: its
+	// creation is a change too. Reader.WatchPartitionChanges must not be set
+	// with it.
+	IgnorePartitionChanges bool
 }
+
+// DefaultPartitionWatchInterval is how often a Source asks for the
+// partition count of its topics when Reader.PartitionWatchInterval is 0
+// (kafka-go's default): a partition added is consumed within it plus one
+// rebalance (see Config.IgnorePartitionChanges).
+const DefaultPartitionWatchInterval = 5 * time.Second
 
 // Source is a consumer.Source over a kafka-go consumer group, fenced by
 // generation (see the package doc): it implements consumer.Revocable and
@@ -83,6 +105,13 @@ type Source struct {
 	// fetch returns the next message read for a claim, or an error of a
 	// partition reader or of the group; s.receive, replaced in tests.
 	fetch func(context.Context) (kafka.Message, *claim, error)
+	// watch is set unless Config.IgnorePartitionChanges: serve ends a
+	// generation when the partition count of a consumed topic changes,
+	// checked every watchEvery with counts (s.readPartitionCounts, replaced
+	// in tests).
+	watch      bool
+	watchEvery time.Duration
+	counts     func(context.Context) (map[string]int, error)
 
 	ctx      context.Context // ends when the Source is closed
 	cancel   context.CancelFunc
@@ -102,6 +131,10 @@ type Source struct {
 	retired    kafka.ReaderStats         // stats of the readers stopped since the last Stats call
 	rebalances int64                     // generations joined since the last Stats call
 	genID      int32                     // the generation in hand, -1 when none
+	// base is the partition count per consumed topic read before this
+	// member (re)joined the group, for the next generation's watch; nil
+	// when it could not be read (the generation reads its own).
+	base map[string]int
 }
 
 // ErrInvalidConfig is wrapped by every Config error.
@@ -126,6 +159,8 @@ func NewSource(cfg Config) (*Source, error) {
 		return nil, fmt.Errorf("%w: FetchRetryMax %s must not be negative", ErrInvalidConfig, cfg.FetchRetryMax)
 	case cfg.RedeliveryHorizon < 0:
 		return nil, fmt.Errorf("%w: RedeliveryHorizon %s must not be negative (0: ask the broker)", ErrInvalidConfig, cfg.RedeliveryHorizon)
+	case cfg.IgnorePartitionChanges && rc.WatchPartitionChanges:
+		return nil, fmt.Errorf("%w: IgnorePartitionChanges and Reader.WatchPartitionChanges contradict each other (the watch is the default)", ErrInvalidConfig)
 	}
 	if err := rc.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: Reader: %v", ErrInvalidConfig, err)
@@ -134,6 +169,10 @@ func NewSource(cfg Config) (*Source, error) {
 		return nil, fmt.Errorf("%w: Reader.ReadBackoffMax %s is below Reader.ReadBackoffMin %s (defaults 1s and 100ms)", ErrInvalidConfig, bmax, bmin)
 	}
 	cgc := groupConfig(rc)
+	// The Source watches the partitions itself (serve): kafka-go's watch
+	// ends every generation at once while a consumed topic does not exist,
+	// and it takes its baseline after the assignment was made.
+	cgc.WatchPartitionChanges = false
 	check := cgc // Validate fills in defaults
 	if err := check.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: Reader: %v", ErrInvalidConfig, err)
@@ -148,6 +187,7 @@ func NewSource(cfg Config) (*Source, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.fetch = s.receive
+	s.watch, s.watchEvery, s.counts = !cfg.IgnorePartitionChanges, cmp.Or(rc.PartitionWatchInterval, DefaultPartitionWatchInterval), s.readPartitionCounts
 	return s, nil
 }
 
@@ -205,7 +245,7 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
 // failure is wrapped by kafkasec.Explain (kafkasec.ErrAuthentication,
 // kafkasec.ErrSecurityMismatch).
 func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
-	if err := s.start(); err != nil {
+	if err := s.start(ctx); err != nil {
 		return consumer.Delivery{}, err
 	}
 	var b *backoff.ExponentialBackOff

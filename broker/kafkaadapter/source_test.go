@@ -57,6 +57,41 @@ func TestNewSourceValidates(t *testing.T) {
 	}
 }
 
+// A Source watches its topics for partitions added unless told not to
+// (S30), every DefaultPartitionWatchInterval by default; kafka-go's own
+// watch stays off (it ends every generation while a topic is missing).
+func TestNewSourceWatchesPartitionChanges(t *testing.T) {
+	base := kafka.ReaderConfig{Brokers: []string{"127.0.0.1:9092"}, GroupID: "g", Topic: "t"}
+	for _, tc := range []struct {
+		name     string
+		cfg      Config
+		watch    bool
+		interval time.Duration
+	}{
+		{"README config", Config{Reader: base}, true, DefaultPartitionWatchInterval},
+		{"interval set", Config{Reader: func() kafka.ReaderConfig { r := base; r.PartitionWatchInterval = time.Second; return r }()}, true, time.Second},
+		{"WatchPartitionChanges set", Config{Reader: func() kafka.ReaderConfig { r := base; r.WatchPartitionChanges = true; return r }()}, true, DefaultPartitionWatchInterval},
+		{"opted out", Config{Reader: base, IgnorePartitionChanges: true}, false, DefaultPartitionWatchInterval},
+	} {
+		s, err := NewSource(tc.cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if s.watch != tc.watch || s.watchEvery != tc.interval || s.cgc.WatchPartitionChanges {
+			t.Errorf("%s: watch %v every %s (kafka-go's watch %v), want %v every %s (kafka-go's off)", tc.name,
+				s.watch, s.watchEvery, s.cgc.WatchPartitionChanges, tc.watch, tc.interval)
+		}
+		if s.cgc.StartOffset != 0 && s.cgc.StartOffset != kafka.FirstOffset {
+			t.Errorf("%s: group StartOffset %d, want kafka.FirstOffset (the default) for partitions without a commit", tc.name, s.cgc.StartOffset)
+		}
+	}
+	rc := base
+	rc.WatchPartitionChanges = true
+	if _, err := NewSource(Config{Reader: rc, IgnorePartitionChanges: true}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("IgnorePartitionChanges with Reader.WatchPartitionChanges: err = %v, want ErrInvalidConfig", err)
+	}
+}
+
 // scriptedFetch returns the errors in order, then m; it counts its calls.
 func scriptedFetch(m kafka.Message, errs ...error) (func(context.Context) (kafka.Message, *claim, error), *int) {
 	calls := 0

@@ -139,6 +139,16 @@
 // redeliveries would wait for the client's 30-second route refresh;
 // EnsureRetryTopic creates it before Start.
 //
+// A topic's queues can be added while it is consumed (its read and write
+// queue counts raised, an updateTopic admin request; EnsureTopic with more
+// queues sends one): the client learns the new queues at its next route
+// refresh (every 30s) and assigns them at its next rebalance (every 20s),
+// so a Source and a PushConsumer consume them within AddedQueueBound
+// (50s). A new queue starts at offset 0: the broker answers 0 for a queue
+// the group has no offset for while its first message is still in memory,
+// whatever the ConsumeFromWhere option says. The Source commits the new
+// queues' offsets like the others.
+//
 // # Shutdown
 //
 // PushConsumer.Shutdown stops taking new messages, lets in-flight handlers

@@ -30,6 +30,13 @@ const (
 	drainMax   = 5 * time.Second
 )
 
+// AddedQueueBound is the longest a Source or a PushConsumer takes to
+// consume a queue added to its topic (read queue count raised): the
+// client's route refresh interval (30s) plus its rebalance interval (20s),
+// both fixed in rocketmq-client-go. See the package documentation,
+// "Clients and topics".
+const AddedQueueBound = 50 * time.Second
+
 // SourceConfig configures a Source. The zero value of every optional field
 // means the default given in its comment.
 type SourceConfig struct {

@@ -17,7 +17,10 @@
 //     crash, or Close) with deliveries it never committed leaves them to the
 //     next source of the group, which fetches them again with the same
 //     message ID, position and offset. Close must not commit anything that
-//     was not given to Commit.
+//     was not given to Commit;
+//   - lanes added are read (Harness.Grow): lanes added to the topic while a
+//     source reads it are read by that source within Timeout, from their
+//     first message, and their commits hold.
 //
 // # Writing a Harness
 //
@@ -90,6 +93,13 @@ type Harness struct {
 	// Optional: when nil, the cases check committed positions only through
 	// the deliveries of the next source of the group.
 	Committed func(t testing.TB) map[string]int64
+	// Grow adds lanes to the case's topic (Kafka: partitions; RocketMQ:
+	// read and write queues), stores one message on each lane added and
+	// returns those messages, in any order. The LanesAdded case calls it
+	// while a source reads the topic and expects that source to fetch them
+	// within Timeout. Optional: when nil, LanesAdded is skipped (it says
+	// so).
+	Grow func(t testing.TB) []Message
 }
 
 // Timeout bounds the waits of the suite: fetching the deliveries a case
@@ -109,6 +119,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"CommitNeverBackwards", testCommitNeverBackwards},
 		{"CloseFlushes", testCloseFlushes},
 		{"UncommittedRedelivered", testUncommittedRedelivered},
+		{"LanesAdded", testLanesAdded},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -337,6 +348,60 @@ func testUncommittedRedelivered(t *testing.T, h Harness) {
 		if d.MessageID != want.MessageID || d.Position != want.Position || d.Offset != want.Offset || d.Lane != want.Lane {
 			t.Fatalf("redelivery %d: %s at %s (offset %d), want %s at %s (offset %d)", i, d.MessageID, d.Position, d.Offset, want.MessageID, want.Position, want.Offset)
 		}
+	}
+	closeSource(t, next)
+}
+
+// testLanesAdded: lanes added to the topic while a source reads it are read
+// by that source (S30), from their first message (stored before the source
+// can have seen the lanes), each message once; their commits hold: a new
+// source of the group does not get them again.
+func testLanesAdded(t *testing.T, h Harness) {
+	if h.Grow == nil {
+		t.Skip("sourcetest: Harness.Grow is nil: the lanes-added case is not run")
+	}
+	before := messages(t, "before", 1, 1)
+	h.Produce(t, before)
+	src := open(t, h)
+	first := fetch(t, src, 1)
+	if first[0].MessageID != before[0].ID {
+		t.Fatalf("first delivery %q, want %q", first[0].MessageID, before[0].ID)
+	}
+	commit(t, src, first...)
+
+	added := h.Grow(t)
+	if len(added) == 0 {
+		t.Fatal("sourcetest: Harness.Grow stored no message")
+	}
+	want := map[string]bool{}
+	for _, m := range added {
+		want[m.ID] = true
+	}
+	got := fetch(t, src, len(added))
+	lanes := map[string]bool{first[0].Lane: true}
+	for _, d := range got {
+		if !want[d.MessageID] {
+			t.Fatalf("delivery %q (lane %s) after the lanes were added, want one of the messages on the added lanes %v", d.MessageID, d.Lane, want)
+		}
+		delete(want, d.MessageID)
+		if lanes[d.Lane] {
+			t.Fatalf("delivery %q on lane %s, which is not an added lane (or got two of them)", d.MessageID, d.Lane)
+		}
+		lanes[d.Lane] = true
+	}
+	commit(t, src, got...)
+	for _, d := range got {
+		if c, ok := committedOf(t, h, d.Lane); ok && c != d.Offset+1 {
+			t.Errorf("added lane %s: committed %d after committing offset %d, want %d", d.Lane, c, d.Offset, d.Offset+1)
+		}
+	}
+	closeSource(t, src)
+
+	after := messages(t, "after", 1, 1)
+	h.Produce(t, after)
+	next := open(t, h)
+	if d := fetch(t, next, 1)[0]; d.MessageID != after[0].ID {
+		t.Fatalf("a new source of the group fetched %q (lane %s) first, want %q: a committed message of an added lane came back", d.MessageID, d.Lane, after[0].ID)
 	}
 	closeSource(t, next)
 }

@@ -13,13 +13,13 @@ import (
 	"github.com/idemq/idemq/dedup"
 )
 
-// memBroker is an in-memory topic of two lanes and one group's committed
+// memBroker is an in-memory topic of two lanes (more after grow) and one group's committed
 // positions. It stands in for a broker only here, to check the suite's own
 // logic; the sources idemq ships run the suite on real brokers (integration
 // module).
 type memBroker struct {
 	mu        sync.Mutex
-	lanes     [2][]sourcetest.Message
+	lanes     [][]sourcetest.Message // two, more after grow; keys hash to the first two
 	committed map[string]int64
 	changed   chan struct{} // closed and replaced on every Produce
 }
@@ -35,6 +35,21 @@ func (b *memBroker) produce(_ testing.TB, msgs []sourcetest.Message) {
 	}
 	close(b.changed)
 	b.changed = make(chan struct{})
+}
+
+// grow adds two lanes and stores one message on each.
+func (b *memBroker) grow(t testing.TB) []sourcetest.Message {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []sourcetest.Message
+	for range 2 {
+		m := sourcetest.Message{ID: t.Name() + "-added-" + strconv.Itoa(len(b.lanes)), Key: []byte("k"), Value: []byte("{}")}
+		b.lanes = append(b.lanes, []sourcetest.Message{m})
+		out = append(out, m)
+	}
+	close(b.changed)
+	b.changed = make(chan struct{})
+	return out
 }
 
 // memSource fetches each lane from the group's committed position and
@@ -99,10 +114,11 @@ func (s *memSource) Close() error {
 // suite's own logic passes a source that keeps the contract.
 func TestRunInMemory(t *testing.T) {
 	sourcetest.Run(t, func(*testing.T) sourcetest.Harness {
-		b := &memBroker{committed: map[string]int64{}, changed: make(chan struct{})}
+		b := &memBroker{lanes: make([][]sourcetest.Message, 2), committed: map[string]int64{}, changed: make(chan struct{})}
 		return sourcetest.Harness{
 			Produce:   b.produce,
 			NewSource: func(testing.TB) consumer.Source { return &memSource{b: b, next: map[string]int64{}} },
+			Grow:      b.grow,
 			Committed: func(testing.TB) map[string]int64 {
 				b.mu.Lock()
 				defer b.mu.Unlock()
@@ -120,10 +136,11 @@ func TestRunInMemory(t *testing.T) {
 // read committed positions: the cases check them through the next source.
 func TestRunInMemoryWithoutCommitted(t *testing.T) {
 	sourcetest.Run(t, func(*testing.T) sourcetest.Harness {
-		b := &memBroker{committed: map[string]int64{}, changed: make(chan struct{})}
+		b := &memBroker{lanes: make([][]sourcetest.Message, 2), committed: map[string]int64{}, changed: make(chan struct{})}
 		return sourcetest.Harness{
 			Produce:   b.produce,
 			NewSource: func(testing.TB) consumer.Source { return &memSource{b: b, next: map[string]int64{}} },
+			Grow:      b.grow,
 		}
 	})
 }
