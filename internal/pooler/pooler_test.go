@@ -5,27 +5,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemq/idemq/internal/testkit"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 var errInvalid = errors.New("invalid config")
-
-// lazyPool is a pool in mode that never connects (pgxpool connects lazily).
-func lazyPool(t *testing.T, mode pgx.QueryExecMode) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig("postgres://u@127.0.0.1:1/db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.DefaultQueryExecMode = mode
-	p, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	return p
-}
 
 // TestCheckExecMode: the modes that prepare statements across round trips
 // or sessions are refused with an error naming the field and the fix; the
@@ -34,7 +18,7 @@ func TestCheckExecMode(t *testing.T) {
 	refused := map[pgx.QueryExecMode]bool{pgx.QueryExecModeCacheStatement: true, pgx.QueryExecModeDescribeExec: true}
 	for _, m := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
 		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
-		err := CheckExecMode(lazyPool(t, m), "x.Config.TransactionPooler", errInvalid)
+		err := CheckExecMode(testkit.LazyPool(t, m), "x.Config.TransactionPooler", errInvalid)
 		if !refused[m] {
 			if err != nil {
 				t.Errorf("%s: %v", m, err)
