@@ -2,9 +2,7 @@ package submittoken
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"strings"
@@ -113,24 +111,10 @@ func (s *PGStore) CreateTable(ctx context.Context, db PGDB) error {
 // time), inserted on db. Errors: ErrInvalidScope, a crypto/rand failure, or
 // the database's error (wrapped).
 func (s *PGStore) Issue(ctx context.Context, db PGDB, scope string) (string, error) {
-	if err := checkScope(scope); err != nil {
-		return "", err
-	}
-	for range issueAttempts {
-		var b [TokenBytes]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return "", fmt.Errorf("submittoken: issue: %w", err)
-		}
-		token := base64.RawURLEncoding.EncodeToString(b[:])
+	return issue(scope, func(token string) (bool, error) {
 		tag, err := db.Exec(ctx, s.insert, scope, tokenHash(token), s.cfg.TTL.Seconds())
-		if err != nil {
-			return "", fmt.Errorf("submittoken: issue: %w", err)
-		}
-		if tag.RowsAffected() == 1 {
-			return token, nil
-		}
-	}
-	return "", fmt.Errorf("submittoken: issue: %d fresh tokens were all taken", issueAttempts)
+		return tag.RowsAffected() == 1, err
+	})
 }
 
 // Consume uses token in scope, on db: call it with the transaction of the

@@ -69,6 +69,19 @@ const issueAttempts = 3
 // (SET NX EX). Errors: ErrInvalidScope, a crypto/rand failure, or the Redis
 // error (wrapped).
 func (s *Store) Issue(ctx context.Context, scope string) (string, error) {
+	token, err := issue(scope, func(token string) (bool, error) {
+		return s.cfg.Client.SetNX(ctx, s.key(scope, token), issuedValue, s.cfg.TTL).Result()
+	})
+	if err == nil {
+		s.stats.issued.Add(1)
+	}
+	return token, err
+}
+
+// issue draws fresh tokens for scope until store, which writes one only if
+// it is new, takes one (at most issueAttempts): the token, or
+// ErrInvalidScope, a crypto/rand failure or store's error, wrapped.
+func issue(scope string, store func(token string) (bool, error)) (string, error) {
 	if err := checkScope(scope); err != nil {
 		return "", err
 	}
@@ -78,16 +91,15 @@ func (s *Store) Issue(ctx context.Context, scope string) (string, error) {
 			return "", fmt.Errorf("submittoken: issue: %w", err)
 		}
 		token := base64.RawURLEncoding.EncodeToString(b[:])
-		ok, err := s.cfg.Client.SetNX(ctx, s.key(scope, token), issuedValue, s.cfg.TTL).Result()
+		ok, err := store(token)
 		if err != nil {
 			return "", fmt.Errorf("submittoken: issue: %w", err)
 		}
 		if ok {
-			s.stats.issued.Add(1)
 			return token, nil
 		}
 	}
-	return "", fmt.Errorf("submittoken: issue: SET NX refused %d fresh tokens", issueAttempts)
+	return "", fmt.Errorf("submittoken: issue: %d fresh tokens were all taken", issueAttempts)
 }
 
 // Consume uses token in scope, once: nil the first time (the caller goes on
