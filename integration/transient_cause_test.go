@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -310,6 +311,66 @@ func TestS29OwnMigrationBesideALiveConsumer(t *testing.T) {
 			}
 			if n := calls.Load(); n != 4 {
 				t.Errorf("handler calls = %d, want 4 (once per message)", n)
+			}
+		})
+	}
+}
+
+// S32: the recorded error is the cause. One handler inserts a row whose key
+// already exists (23505), ignores the error and returns nil; another goes
+// on after that failure and returns the next statement's error (25P02,
+// "current transaction is aborted") wrapped twice. Both records, and their
+// dead letters (MaxAttempts 1), show class pg:23505 and the original
+// message text, not pg:25P02, in every mode.
+func TestS32RecordedErrorIsTheCause(t *testing.T) {
+	t.Parallel()
+	for _, mode := range s29Modes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, func(cfg *pgstore.Config) { cfg.MaxAttempts = 1 })
+			tbl := e.table("accounts")
+			e.exec(`create table ` + tbl + ` (id text constraint s32_accounts_pkey primary key)`)
+			e.exec(`insert into ` + tbl + ` values ('taken')`)
+			swallow := func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
+				_, _ = tx.Exec(ctx, `insert into `+tbl+` values ($1)`, "taken")
+				return nil
+			}
+			goOn := func(ctx context.Context, tx pgx.Tx, _ *dedup.Message) error {
+				_, _ = tx.Exec(ctx, `insert into `+tbl+` values ($1)`, "taken")
+				_, err := tx.Exec(ctx, `insert into `+tbl+` values ($1)`, "other")
+				if err != nil {
+					return fmt.Errorf("open account: %w", fmt.Errorf("insert: %w", err))
+				}
+				return nil
+			}
+			scope := randomName("s32-")
+			for _, c := range []struct {
+				id string
+				h  pgstore.Handler
+			}{{"s32-swallow", swallow}, {"s32-wrapped", goOn}} {
+				res, err := mode.run(e.ctx, e.store, msg(t, scope, c.id, "", "x"), c.h)
+				if err != nil || res.Outcome != dedup.OutcomeDeadLetter {
+					t.Fatalf("%s: %+v %v, want a dead letter (MaxAttempts 1)", c.id, res, err)
+				}
+				if got := dedup.ErrorClass(res.Err); !strings.HasPrefix(got, "pg:23505") {
+					t.Errorf("%s: Result.Err class %q (%v), want pg:23505", c.id, got, res.Err)
+				}
+				rec := e.record(scope, c.id)
+				if !strings.HasPrefix(rec.LastErrorClass, "pg:23505") || !strings.Contains(rec.LastError, "duplicate key value") {
+					t.Errorf("%s record class %q error %q, want pg:23505 and the original message", c.id, rec.LastErrorClass, rec.LastError)
+				}
+			}
+			dls := e.deadLetters(scope)
+			if len(dls) != 2 {
+				t.Fatalf("dead letters = %d, want 2", len(dls))
+			}
+			for _, d := range dls {
+				if !strings.HasPrefix(d.ErrorClass, "pg:23505") || !strings.Contains(d.Error, "duplicate key value") {
+					t.Errorf("dead letter %s class %q error %q, want pg:23505 and the original message", d.MessageID, d.ErrorClass, d.Error)
+				}
+			}
+			if n := e.count(`select count(*) from ` + tbl); n != 1 {
+				t.Errorf("accounts = %d rows, want only the seed", n)
 			}
 		})
 	}
