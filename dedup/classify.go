@@ -29,9 +29,12 @@ const (
 	// transition the entity can never make), or bad input: counted, marked
 	// FAILED_FINAL with a dead letter at once, acked.
 	FailurePermanent FailureClass = "permanent"
-	// FailureTransient is a serialization failure (SQLSTATE 40001) or a
-	// deadlock (40P01), wherever it is raised (a handler's statement, the
-	// claim, the mark, the COMMIT): the whole transaction is retried at once
+	// FailureTransient is a serialization failure (SQLSTATE 40001), a
+	// deadlock (40P01), or a statement cache made stale by a schema change
+	// or a lost session (0A000 "cached plan must not change result type",
+	// 26000 "prepared statement does not exist": the driver prepares the
+	// statement again on the next try), wherever it is raised (a handler's
+	// statement, the claim, the mark, the COMMIT): the whole transaction is retried at once
 	// under the store's TransientRetry, without counting an attempt, marking or
 	// acking. When those retries are used up it becomes a FailureHandler (in
 	// batched mode: the batch is rerun one message per transaction).
@@ -68,7 +71,9 @@ var ErrOutcomeUnknown = errors.New("idemq: outcome unknown")
 //     what it wraps);
 //   - an error with a SQLState() string method anywhere in the chain (a
 //     *pgconn.PgError, or any SQL driver's server error that has one):
-//     ClassifySQLState of its code;
+//     FailureTransient for 0A000 whose message (a Message() method or
+//     exported Message string field, as *pgconn.PgError has) is "cached
+//     plan must not change result type", else ClassifySQLState of its code;
 //   - an error with a SafeToRetry() bool method that returns true (pgx's
 //     errors raised before anything was sent), io.EOF, io.ErrUnexpectedEOF,
 //     net.ErrClosed, a net.Error, ECONNRESET, ECONNREFUSED, ECONNABORTED,
@@ -87,7 +92,8 @@ var ErrOutcomeUnknown = errors.New("idemq: outcome unknown")
 // leaves the outcome unknown. An error returned by a handler is judged with
 // what the store knows beside it: it is FailureOutcomeUnknown only when the
 // handler's transaction lost its connection or the caller's context ended,
-// FailureTransient for 40001/40P01, FailurePermanent for Permanent, and
+// FailureTransient for 40001/40P01 and a stale statement cache (0A000 cached
+// plan, 26000), FailurePermanent for Permanent, and
 // otherwise the handler's failure, even when it is an io error (an HTTP call
 // of the handler failing is the handler's failure).
 func Classify(err error) FailureClass {
@@ -102,7 +108,11 @@ func Classify(err error) FailureClass {
 	}
 	var state sqlStater
 	if errors.As(err, &state) {
-		return ClassifySQLState(state.SQLState())
+		code := state.SQLState()
+		if code == sqlStateFeatureNotSupported && serverMessage(state) == msgCachedPlanChangedType {
+			return FailureTransient
+		}
+		return ClassifySQLState(code)
 	}
 	var safe interface{ SafeToRetry() bool }
 	var netErr net.Error
@@ -121,15 +131,32 @@ func Classify(err error) FailureClass {
 // sqlStater is a SQL server error: *pgconn.PgError has this method.
 type sqlStater interface{ SQLState() string }
 
+// Postgres's answers to a statement cached before a schema change or lost
+// with its session: a re-prepare fixes them.
+const (
+	// sqlStateFeatureNotSupported is 0A000, generic: only its
+	// msgCachedPlanChangedType case is transient.
+	sqlStateFeatureNotSupported = "0A000"
+	// msgCachedPlanChangedType is the message of 0A000 for a prepared
+	// statement whose result columns changed (ALTER TABLE … ADD COLUMN
+	// under `select *`, a column's type changed).
+	msgCachedPlanChangedType = "cached plan must not change result type"
+	// sqlStateInvalidSQLStatementName is 26000: the prepared statement
+	// does not exist (a pooler switched the session, DISCARD ALL).
+	sqlStateInvalidSQLStatementName = "26000"
+)
+
 // ClassifySQLState is Classify for a SQL server error's SQLSTATE code:
-// 40001 (serialization failure) and 40P01 (deadlock) are FailureTransient;
+// 40001 (serialization failure), 40P01 (deadlock) and 26000 (prepared
+// statement does not exist) are FailureTransient (0A000 is, only with its
+// "cached plan must not change result type" message: see Classify);
 // class 08 (connection exception), 57P01 (admin shutdown), 57P02 (crash
 // shutdown) and 57P03 (cannot connect now) are FailureOutcomeUnknown; every
 // other code (constraint violations, 57014 statement timeout, 25P02 aborted
 // transaction, …) is FailureHandler.
 func ClassifySQLState(code string) FailureClass {
 	switch {
-	case code == "40001" || code == "40P01":
+	case code == "40001" || code == "40P01" || code == sqlStateInvalidSQLStatementName:
 		return FailureTransient
 	case strings.HasPrefix(code, "08"), code == "57P01", code == "57P02", code == "57P03":
 		return FailureOutcomeUnknown
@@ -138,7 +165,8 @@ func ClassifySQLState(code string) FailureClass {
 }
 
 // IsTransient reports whether Classify(err) is FailureTransient: a
-// serialization failure (40001) or a deadlock (40P01).
+// serialization failure (40001), a deadlock (40P01), or a stale statement
+// cache (0A000 "cached plan must not change result type", 26000).
 func IsTransient(err error) bool { return Classify(err) == FailureTransient }
 
 // IsOutcomeUnknown reports whether Classify(err) is FailureOutcomeUnknown:

@@ -119,12 +119,28 @@ func constraintName(e sqlStater) string {
 	if c, ok := e.(interface{ ConstraintName() string }); ok {
 		return c.ConstraintName()
 	}
+	return stringField(e, "ConstraintName")
+}
+
+// serverMessage is a SQL server error's primary message: its Message()
+// method, or else its exported Message string field (*pgconn.PgError has
+// the field), or "".
+func serverMessage(e sqlStater) string {
+	if m, ok := e.(interface{ Message() string }); ok {
+		return m.Message()
+	}
+	return stringField(e, "Message")
+}
+
+// stringField is e's exported string field name (e a struct or a pointer
+// to one), or "".
+func stringField(e any, name string) string {
 	v := reflect.ValueOf(e)
 	if v.Kind() == reflect.Pointer {
 		v = v.Elem()
 	}
 	if v.Kind() == reflect.Struct {
-		if f := v.FieldByName("ConstraintName"); f.IsValid() && f.Kind() == reflect.String {
+		if f := v.FieldByName(name); f.IsValid() && f.Kind() == reflect.String {
 			return f.String()
 		}
 	}

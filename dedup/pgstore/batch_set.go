@@ -571,12 +571,14 @@ func (r *setRun) claimOne(ctx context.Context, i int) (dedup.Result, int64, erro
 
 // runBatchHandler calls h, recovering a panic as a *dedup.PanicError.
 func runBatchHandler(ctx context.Context, tx pgx.Tx, msgs []*dedup.Message, h BatchHandler) (err error) {
+	ct := watchCause(tx)
 	defer func() {
 		if v := recover(); v != nil {
 			err = &dedup.PanicError{Value: v}
 		}
+		err = ct.explain(err, tx)
 	}()
-	return h(ctx, tx, msgs)
+	return h(ctx, ct, msgs)
 }
 
 // unclaimAfterStop deletes the records this try inserted for messages after

@@ -21,7 +21,7 @@ func commitFailureClass(err error) dedup.FailureClass {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return dedup.ClassifySQLState(pgErr.Code)
+		return dedup.Classify(pgErr)
 	}
 	return dedup.FailureOutcomeUnknown
 }

@@ -42,6 +42,11 @@ func TestClassify(t *testing.T) {
 		{"23505 unique violation", pgErr("23505"), dedup.FailureHandler},
 		{"25P02 aborted transaction", pgErr("25P02"), dedup.FailureHandler},
 		{"40002 integrity constraint (not a serialization failure)", pgErr("40002"), dedup.FailureHandler},
+		{"0A000 cached plan changed by a schema change", fmt.Errorf("read: %w", &pgconn.PgError{Severity: "ERROR", Code: "0A000", Message: "cached plan must not change result type"}), dedup.FailureTransient},
+		{"0A000 other feature not supported", &pgconn.PgError{Severity: "ERROR", Code: "0A000", Message: "cannot use subquery in check constraint"}, dedup.FailureHandler},
+		{"26000 prepared statement does not exist", &pgconn.PgError{Severity: "ERROR", Code: "26000", Message: `prepared statement "stmtcache_1" does not exist`}, dedup.FailureTransient},
+		{"a swallowed 23505 behind a 25P02", &causedError{err: fmt.Errorf("x: %w", pgErr("25P02")), cause: &pgconn.PgError{Code: "23505"}}, dedup.FailureHandler},
+		{"a swallowed 40001 behind a 25P02", &causedError{err: errLeftAborted, cause: &pgconn.PgError{Code: "40001"}}, dedup.FailureTransient},
 		{"42P01 undefined table", pgErr("42P01"), dedup.FailureHandler},
 		{"io.EOF", fmt.Errorf("receive: %w", io.EOF), dedup.FailureOutcomeUnknown},
 		{"io.ErrUnexpectedEOF", io.ErrUnexpectedEOF, dedup.FailureOutcomeUnknown},
@@ -65,6 +70,10 @@ func TestClassify(t *testing.T) {
 		if got := classify(c.err); got != c.want {
 			t.Errorf("%s: Classify(%v) = %q, want %q", c.name, c.err, got, c.want)
 		}
+	}
+	caused := &causedError{err: fmt.Errorf("open: %w", pgErr("25P02")), cause: &pgconn.PgError{Code: "23505", Message: "duplicate key value", ConstraintName: "accounts_pkey"}}
+	if got := dedup.ErrorClass(caused); got != "pg:23505:accounts_pkey" || !strings.Contains(caused.Error(), "duplicate key value") || !strings.HasPrefix(caused.Error(), "open: ") {
+		t.Errorf("causedError: class %q, text %q: want the cause's class and message", got, caused.Error())
 	}
 	if !dedup.IsTransient(pgErr("40P01")) || dedup.IsTransient(pgErr("23505")) || dedup.IsTransient(nil) {
 		t.Error("IsTransient")

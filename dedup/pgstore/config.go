@@ -67,7 +67,9 @@ type Config struct {
 	// their own Store on the same pool and tables.
 	TxOptions pgx.TxOptions
 	// TransientRetry is the in-place retry of a transaction that failed
-	// with a serialization failure (SQLSTATE 40001) or a deadlock (40P01),
+	// with a serialization failure (SQLSTATE 40001), a deadlock (40P01) or
+	// a stale statement cache (0A000 "cached plan must not change result
+	// type" after a schema change, 26000; see dedup.FailureTransient),
 	// wherever it was raised (a handler statement, the claim, a mark, the
 	// COMMIT; in lease mode the claim and the completion, failure and
 	// release marks). The whole

@@ -99,8 +99,9 @@
 // What a failure means decides what happens, whatever step raised it
 // ([dedup.Classify], [dedup.FailureClass]): a handler failure (its error or panic, a
 // COMMIT the server refused) is counted and marked; a [dedup.Permanent] error is
-// dead-lettered at once; a serialization failure or deadlock (40001, 40P01)
-// retries the whole transaction at once without counting
+// dead-lettered at once; a serialization failure or deadlock (40001, 40P01),
+// or a statement cache made stale by a schema change (0A000 "cached plan
+// must not change result type", 26000), retries the whole transaction at once without counting
 // (Config.TransientRetry), and becomes a handler failure only when those
 // retries are used up; a connection lost or terminated at COMMIT (SQLSTATE
 // class 08, 57P01–57P03, io errors) or an ended context leaves the outcome

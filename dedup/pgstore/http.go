@@ -294,7 +294,11 @@ func (h *HTTPStore) try(ctx context.Context, req HTTPRequest, hd HTTPHandler) (H
 	}
 
 	msg.Attempt = attempts
-	resp, herr := hd(ctx, tx, attempts)
+	// The handler's statements are watched, so that a failure it swallowed
+	// is recorded as the cause (causeTx.explain).
+	htx := watchCause(tx)
+	resp, herr := hd(ctx, htx, attempts)
+	herr = htx.explain(herr, tx)
 	res := dedup.Result{HandlerCalled: true, Attempts: attempts}
 	if herr == nil {
 		if err := h.finish(ctx, tx, rowID, req, resp); err != nil {

@@ -227,9 +227,16 @@ func TestCommitRefusedIsAHandlerFailure(t *testing.T) {
 			t.Fatalf("%s: %+v %v, want a retryable handler failure on attempt 1", c.id, res, err)
 		}
 		r := e.record(c.id)
-		if r.Status != dedup.StatusFailedRetryable || r.Attempts != 1 || !strings.Contains(r.LastError, "commit refused") {
+		if r.Status != dedup.StatusFailedRetryable || r.Attempts != 1 {
 			t.Fatalf("%s record = %+v", c.id, r)
 		}
+	}
+	// The swallowed statement is recorded as the cause (S32).
+	if r := e.record("m-swallow"); r.LastErrorClass != "pg:23505:ledger_pkey" || !strings.Contains(r.LastError, "left the transaction aborted") || !strings.Contains(r.LastError, "duplicate key value") {
+		t.Fatalf("swallowed violation: class %q error %q, want pg:23505:ledger_pkey with the handler's failed statement", r.LastErrorClass, r.LastError)
+	}
+	if r := e.record("m-deferred"); !strings.Contains(r.LastError, "commit refused") {
+		t.Fatalf("deferred violation error = %q, want the refused commit", r.LastError)
 	}
 	if r := e.record("m-deferred"); r.LastErrorClass != "pg:23505:ledger_ref_key" {
 		t.Fatalf("deferred violation class = %q, want pg:23505:ledger_ref_key", r.LastErrorClass)

@@ -23,7 +23,10 @@ import (
 // Returning nil marks the record SUCCEEDED. Returning Permanent(err) marks it
 // FAILED_FINAL with a dead letter. Any other error rolls the transaction back
 // and marks FAILED_RETRYABLE (FAILED_FINAL once Config.MaxAttempts is
-// reached). A panic is recovered and treated as a retryable error.
+// reached). A panic is recovered and treated as a retryable error. A
+// statement error the handler ignores is still its failure (the transaction
+// is aborted), recorded with that statement's error as its cause, not the
+// 25P02 ("current transaction is aborted") that follows it.
 //
 // It is dedup.TxHandler for pgx.Tx; consumer.Handler is the same type.
 type Handler = dedup.TxHandler[pgx.Tx]
@@ -664,13 +667,18 @@ func (s *Store) expiry(status dedup.Status) *float64 {
 	return &d
 }
 
+// runHandler runs h for msg on tx, watched (causeTx): its error, a
+// recovered panic, or the transaction it left aborted, explained by the
+// statement that aborted it (causeTx.explain).
 func runHandler(ctx context.Context, tx pgx.Tx, msg *dedup.Message, h Handler) (err error) {
+	ct := watchCause(tx)
 	defer func() {
 		if v := recover(); v != nil {
 			err = &dedup.PanicError{Value: v}
 		}
+		err = ct.explain(err, tx)
 	}()
-	return h(ctx, tx, msg)
+	return h(ctx, ct, msg)
 }
 
 func commit(ctx context.Context, tx pgx.Tx) error {
