@@ -120,7 +120,7 @@ func testS23(t *testing.T, mode string) {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
-		_, _ = fmt.Fprintf(w, `{"credited":%q}`, invoice)
+		_, _ = fmt.Fprintf(w, `{"credited":%q}`, invoice) //nolint:gosec // a test server's JSON answer, %q-quoted
 	})))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
@@ -306,7 +306,7 @@ func giftMux(t *testing.T, e *env, gifts string, calls *atomic.Int64, mode strin
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
-		_, _ = fmt.Fprintf(w, `{"secret":%q}`, secret)
+		_, _ = fmt.Fprintf(w, `{"secret":%q}`, secret) //nolint:gosec // a test server's JSON answer, %q-quoted
 	})
 	mux := http.NewServeMux()
 	mux.Handle("POST /gifts", mw(tweak).Handler(gift))

@@ -258,7 +258,7 @@ func runS28(t *testing.T, direct, pool *pgxpool.Pool, pooled bool) s28Outcome {
 		out.Batch = append(out.Batch, string(r.Outcome))
 	}
 	// A lease-mode message.
-	lr, err := e.store.ProcessLeased(ctx, msg("m-lease", "l", "l:1"), func(ctx context.Context, m *dedup.Message) error {
+	lr, err := e.store.ProcessLeased(ctx, msg("m-lease", "l", "l:1"), func(_ context.Context, m *dedup.Message) error {
 		count(m.Identity.MessageID)
 		return nil
 	}, dedup.LeaseOptions{})

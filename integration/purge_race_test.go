@@ -109,7 +109,7 @@ func TestS27PurgeMeetsHTTPRetry(t *testing.T) {
 				}
 				w.Header().Set("Content-Type", "application/json")
 				w.WriteHeader(http.StatusCreated)
-				_, _ = io.WriteString(w, `{"id":"`+key+`"}`)
+				_, _ = io.WriteString(w, `{"id":"`+key+`"}`) //nolint:gosec // a test server's JSON answer; the key is the test's own
 			})))
 			srv := httptest.NewServer(mux)
 			t.Cleanup(srv.Close)

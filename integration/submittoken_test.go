@@ -330,7 +330,7 @@ func TestSubmitTokenWithKeyS25(t *testing.T) {
 				}
 				w.Header().Set(httpidem.ResourceIDHeader, "pay_"+r.PostFormValue("ref"))
 				w.WriteHeader(http.StatusCreated)
-				_, _ = io.WriteString(w, "paid "+r.PostFormValue("ref"))
+				_, _ = io.WriteString(w, "paid "+r.PostFormValue("ref")) //nolint:gosec // a test server's plain-text answer
 			})
 			// InFlightWait: the retry after the crash waits for the killed
 			// backend to release the key's lock instead of a 409 in flight.

@@ -61,7 +61,7 @@ func produceWith(t testing.TB, cl *kafka.Client, topic string, p int, id string)
 func addPartitions(t testing.TB, cl *kafka.Client, topic string, count int) {
 	t.Helper()
 	res, err := cl.CreatePartitions(context.Background(), &kafka.CreatePartitionsRequest{
-		Topics: []kafka.TopicPartitionsConfig{{Name: topic, Count: int32(count)}}})
+		Topics: []kafka.TopicPartitionsConfig{{Name: topic, Count: int32(count)}}}) //nolint:gosec // a test's partition count, a handful
 	if err != nil {
 		t.Fatalf("create partitions of %s: %v", topic, err)
 	}
