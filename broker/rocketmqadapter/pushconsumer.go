@@ -162,6 +162,12 @@ func (p *PushConsumer) Shutdown() error {
 		return nil
 	}
 
+	// Pause first: the client rebalances when the broker says the group
+	// changed (a member leaving, often this one's peers stopping too), and
+	// rocketmq-client-go's rebalance reads a flag its Shutdown writes
+	// without a lock (a data race in the library). A paused consumer skips
+	// new rebalances, and one already running has the drain below to end.
+	p.pc.Suspend()
 	grace, cancel := context.WithTimeout(context.Background(), p.l.c.Config().ShutdownGrace)
 	drained := p.l.Stop(grace) == nil
 	cancel()
