@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,6 +63,11 @@ func TestLeaseModeReplaysAndAnswersInFlight(t *testing.T) {
 func TestLeaseModeTakeoverFencesTheStaleOwner(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.Lease = &dedup.LeaseOptions{TTL: time.Second, DisableHeartbeat: true} })
 	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	// A failed check below still lets the stale owner's handler return, so
+	// the server's shutdown (registered earlier, run later) cannot hang.
+	t.Cleanup(unblock)
 	started := make(chan struct{}, 1)
 	e.before = func(_ *http.Request, attempt int) int {
 		if attempt == 1 {
@@ -86,7 +92,7 @@ func TestLeaseModeTakeoverFencesTheStaleOwner(t *testing.T) {
 	if second.status != http.StatusCreated || second.replayed() {
 		t.Fatalf("takeover: %d %s", second.status, second.body)
 	}
-	close(release)
+	unblock()
 	s := <-stale
 	if s.status != http.StatusConflict {
 		t.Fatalf("stale owner's answer: %d %s, want 409 (fenced)", s.status, s.body)

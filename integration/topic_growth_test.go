@@ -26,7 +26,7 @@ import (
 
 // growthMargin is what the tests allow beyond the documented bound for the
 // rebalance itself (rejoin, sync, the first fetch) on a loaded machine.
-const growthMargin = 30 * time.Second
+const growthMargin = 2 * time.Minute
 
 // produceTo writes one message with message ID id to partition p of topic,
 // retrying while the partition's leader is not ready yet (right after
@@ -234,7 +234,10 @@ func TestS30RocketMQQueuesAddedWhileConsuming(t *testing.T) {
 		t.Fatalf("send shipment-q0: %+v, %v", res, err)
 	}
 	brokerName := res.MessageQueue.BrokerName
-	eventually(t, 90*time.Second, "shipment-q0 to be handled by both groups", func() bool {
+	// Both consumers' first rebalance (every 20s in the client) must come
+	// first; a busy machine slows the brokers and the client, so the wait is
+	// generous (it ends as soon as both handled it).
+	eventually(t, 3*time.Minute, "shipment-q0 to be handled by the Source (pull group) and the push consumer", func() bool {
 		return pulled.callsFor("shipment-q0") == 1 && pushed.callsFor("shipment-q0") == 1
 	})
 
