@@ -237,8 +237,13 @@ func TestS30RocketMQQueuesAddedWhileConsuming(t *testing.T) {
 	// Both consumers' first rebalance (every 20s in the client) must come
 	// first; a busy machine slows the brokers and the client, so the wait is
 	// generous (it ends as soon as both handled it).
+	// Done means durable: a SUCCEEDED record in each group (a handler call
+	// alone may still roll back or be committing).
+	succeeded := func(id string) bool {
+		return e.count(`select count(*) from `+e.table("consumption_records")+` where message_id = $1 and status = 'SUCCEEDED'`, id) == 2
+	}
 	eventually(t, 3*time.Minute, "shipment-q0 to be handled by the Source (pull group) and the push consumer", func() bool {
-		return pulled.callsFor("shipment-q0") == 1 && pushed.callsFor("shipment-q0") == 1
+		return succeeded("shipment-q0")
 	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -254,7 +259,7 @@ func TestS30RocketMQQueuesAddedWhileConsuming(t *testing.T) {
 	eventually(t, rocketmqadapter.AddedQueueBound+growthMargin, "the messages on the added queues 4…7 to be handled by the "+
 		"Source and the push consumer (the docs: within rocketmqadapter.AddedQueueBound, the client's route refresh plus its rebalance interval)", func() bool {
 		for _, id := range ids {
-			if pulled.callsFor(id) == 0 || pushed.callsFor(id) == 0 {
+			if !succeeded(id) {
 				return false
 			}
 		}
