@@ -84,6 +84,23 @@ DRILL_ARGS ?=
 drill-rocketmq: services-up ## RocketMQ SIGKILL backlog drill, push vs pull: N messages, 2 consumer processes, K kills, graceful stop; prints deliveries/message, duplicates, lag (DRILL_MESSAGES, DRILL_KILLS)
 	$(ENV); $(GO) run ./examples/rocketmq-drill run $(DRILL_ARGS)
 
+# The topology drills (integration/cmd/drill, scripts/topology/): each starts its topology from
+# Debian packages and the broker jars, runs its faults while messages flow, checks exactly-once
+# from durable state, prints a summary table and stops what it started. Not part of `make test`;
+# `make drill-smoke` runs a short one of each (CI does). DRILL_ARGS passes the drill's flags
+# (`cd integration && go run ./cmd/drill NAME -h`).
+DRILL := cd integration && $(GO) run ./cmd/drill
+
+.PHONY: drill-pg-failover
+drill-pg-failover: ## Postgres primary + streaming standby (sync, then async) on 127.0.0.1:5441/5442: the primary SIGKILLed and the standby promoted while atomic, batched and lease consumers and the relay run; duplicates, lost, order, recovery time
+	bash $(SERVICES) up kafka
+	$(ENV); $(DRILL) pg-failover $(DRILL_ARGS)
+
+.PHONY: drill-smoke
+drill-smoke: ## a short run of every topology drill (what CI runs after `make test`)
+	bash $(SERVICES) up kafka
+	$(ENV); $(DRILL) pg-failover -messages 600 -settle 5s
+
 # `make bench` is the proof of idemq's throughput: integration/cmd/benchreport measures, in one run,
 # the rooflines (pgbench on tables of idemq's row shapes, pg_test_fsync, raw kafka-go) and the same
 # workloads through idemq, prints the table with the ratios and the targets, and rewrites
