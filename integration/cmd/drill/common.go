@@ -78,7 +78,9 @@ type table struct {
 	rows    [][]string
 }
 
-func (t *table) row(label string, cells ...string) { t.rows = append(t.rows, append([]string{label}, cells...)) }
+func (t *table) row(label string, cells ...string) {
+	t.rows = append(t.rows, append([]string{label}, cells...))
+}
 
 func (t *table) print() {
 	fmt.Printf("\n%s\n\n", t.title)
