@@ -60,6 +60,7 @@ type pgfoRun struct {
 	recovery      time.Duration
 	serverChanges int64
 	modes         []pgfoMode
+	unknown       map[string]int // "outcome not recorded; will be redelivered" log lines per scope
 	// relay
 	outboxRows     int // outbox rows on the new primary
 	unpublished    int
@@ -157,7 +158,8 @@ func pgfoOnce(ctx context.Context, repl string, f pgfoFlags) (pgfoRun, error) {
 		return res, err
 	}
 	cfg.MaxConns = 16
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	unknown := &logCounter{match: "outcome not recorded", counts: map[string]int{}}
+	logger := slog.New(&countingHandler{Handler: slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}), c: unknown})
 	watch, err := pgstore.WatchFailover(cfg, pgstore.FailoverOptions{Logger: logger})
 	if err != nil {
 		return res, err
@@ -346,6 +348,7 @@ create table `+s+`.provider (key text primary key, message_id text not null, cal
 	}
 	stopAll()
 	res.serverChanges = watch.Changes()
+	res.unknown = unknown.snapshot()
 
 	// Durable state, read from the new primary.
 	q := func(sql string, args ...any) int {
@@ -518,7 +521,8 @@ func pgfoPrint(runs []pgfoRun, f pgfoFlags, total time.Duration) {
 			return fmt.Sprintf("%d / %d", m.effects, m.distinct)
 		})...)
 		t.row(mode+": duplicates absorbed", cells(func(r pgfoRun) string { return fmt.Sprint(r.mode(mode).counters["duplicate"]) })...)
-		t.row(mode+": retries (outcome unknown, lost connections)", cells(func(r pgfoRun) string { return fmt.Sprint(r.mode(mode).counters["retry"]) })...)
+		t.row(mode+": outcome unknown, redelivered", cells(func(r pgfoRun) string { return fmt.Sprint(r.unknown["pgfo-"+mode]) })...)
+		t.row(mode+": failed attempts (retry outcomes)", cells(func(r pgfoRun) string { return fmt.Sprint(r.mode(mode).counters["retry"]) })...)
 		t.row(mode+": SUCCEEDED records / dead letters", cells(func(r pgfoRun) string {
 			m := r.mode(mode)
 			return fmt.Sprintf("%d / %d", m.succeeded, m.deadLetters)
@@ -548,4 +552,55 @@ func pgfoPrint(runs []pgfoRun, f pgfoFlags, total time.Duration) {
 	})...)
 	t.print()
 	fmt.Printf("\ntotal %s\n", total.Round(time.Second))
+}
+
+// logCounter counts log records whose message contains match, per
+// "scope" attribute (the consumer adds its scope with Logger.With).
+type logCounter struct {
+	match  string
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (c *logCounter) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range c.counts {
+		out[k] = v
+	}
+	return out
+}
+
+// countingHandler passes every record on to Handler and counts it in c.
+type countingHandler struct {
+	slog.Handler
+	c     *logCounter
+	scope string // from WithAttrs
+}
+
+func (h *countingHandler) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.c.match) {
+		scope := h.scope
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "scope" {
+				scope = a.Value.String()
+			}
+			return true
+		})
+		h.c.mu.Lock()
+		h.c.counts[scope]++
+		h.c.mu.Unlock()
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *countingHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	child := &countingHandler{Handler: h.Handler.WithAttrs(as), c: h.c, scope: h.scope}
+	for _, a := range as {
+		if a.Key == "scope" {
+			child.scope = a.Value.String()
+		}
+	}
+	return child
 }
