@@ -96,10 +96,16 @@ drill-pg-failover: ## Postgres primary + streaming standby (sync, then async) on
 	bash $(SERVICES) up kafka
 	$(ENV); $(DRILL) pg-failover $(DRILL_ARGS)
 
+.PHONY: drill-clock-skew
+drill-clock-skew: ## two workers built with wall clocks 5 minutes apart (go build -overlay) share lease records, consumption records and HTTP keys on Postgres: takeover, expiry and purge follow the database clock
+	bash $(SERVICES) up postgres
+	$(ENV); $(DRILL) clock-skew $(DRILL_ARGS)
+
 .PHONY: drill-smoke
 drill-smoke: ## a short run of every topology drill (what CI runs after `make test`)
-	bash $(SERVICES) up kafka
+	bash $(SERVICES) up postgres kafka
 	$(ENV); $(DRILL) pg-failover -messages 600 -settle 5s
+	$(ENV); $(DRILL) clock-skew
 
 # `make bench` is the proof of idemq's throughput: integration/cmd/benchreport measures, in one run,
 # the rooflines (pgbench on tables of idemq's row shapes, pg_test_fsync, raw kafka-go) and the same

@@ -88,19 +88,24 @@ func (t *table) print() {
 	for _, r := range t.rows {
 		w = max(w, len(r[0]))
 	}
-	cw := 12
-	for _, c := range t.columns {
-		cw = max(cw, len(c))
+	cw := make([]int, len(t.columns)) // each column as wide as its widest cell
+	for i, c := range t.columns {
+		cw[i] = max(12, len(c))
+		for _, r := range t.rows {
+			if i+1 < len(r) {
+				cw[i] = max(cw[i], len(r[i+1]))
+			}
+		}
 	}
 	fmt.Printf("%-*s", w, "")
-	for _, c := range t.columns {
-		fmt.Printf("  %*s", cw, c)
+	for i, c := range t.columns {
+		fmt.Printf("  %*s", cw[i], c)
 	}
 	fmt.Println()
 	for _, r := range t.rows {
 		fmt.Printf("%-*s", w, r[0])
-		for _, c := range r[1:] {
-			fmt.Printf("  %*s", cw, c)
+		for i, c := range r[1:] {
+			fmt.Printf("  %*s", cw[i], c)
 		}
 		fmt.Println()
 	}

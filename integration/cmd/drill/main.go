@@ -6,6 +6,7 @@
 // exits 1 when exactly-once did not hold where the topology promises it.
 //
 //	drill pg-failover [flags]   a Postgres primary and a streaming standby: promotion under load
+//	drill clock-skew [flags]    two processes whose clocks are 5 minutes apart share leases and keys
 //
 // Each subcommand's -h lists its flags. The brokers and Redis come from
 // scripts/services.sh (TEST_KAFKA_BROKERS, ...), as for the integration tests.
@@ -24,6 +25,8 @@ var drills = []struct {
 	run        func(ctx context.Context, args []string) error
 }{
 	{"pg-failover", "a Postgres primary and a streaming standby (sync and async): the primary killed and the standby promoted while messages flow", runPGFailover},
+	{"clock-skew", "two workers whose wall clocks are minutes apart share lease records, consumption records and HTTP keys", runClockSkew},
+	{"clock-skew-worker", "(started by clock-skew)", runSkewWorker},
 }
 
 func main() {
