@@ -20,13 +20,18 @@ func kafkaBrokers() []string {
 // produce writes n messages to topic: message ID "<prefix>-<i>" in the
 // message-ID header, key "k-<i mod keys>", value "<i>", in order (acks=all).
 func produce(ctx context.Context, brokers []string, topic, prefix string, n, keys int) error {
+	return produceRange(ctx, brokers, topic, prefix, 0, n, keys)
+}
+
+// produceRange is produce for the messages lo to hi-1.
+func produceRange(ctx context.Context, brokers []string, topic, prefix string, lo, hi, keys int) error {
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: kafka.Murmur2Balancer{},
 		RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond, BatchSize: 500}
 	defer func() { _ = w.Close() }()
 	const chunk = 500
-	for lo := 0; lo < n; lo += chunk {
+	for ; lo < hi; lo += chunk {
 		var msgs []kafka.Message
-		for i := lo; i < min(n, lo+chunk); i++ {
+		for i := lo; i < min(hi, lo+chunk); i++ {
 			msgs = append(msgs, kafka.Message{Key: []byte(fmt.Sprintf("k-%d", i%keys)), Value: []byte(strconv.Itoa(i)),
 				Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte(fmt.Sprintf("%s-%d", prefix, i))}}})
 		}
