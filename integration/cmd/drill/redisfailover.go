@@ -132,7 +132,7 @@ func runRedisFailover(ctx context.Context, args []string) error {
 	fs.IntVar(&f.keys, "keys", 40, "message keys")
 	fs.IntVar(&f.tokens, "tokens", 3000, "submit tokens issued (and consumed) in the tokens phase")
 	fs.Float64Var(&f.at, "at", 0.3, "fraction of the work done when the master is killed")
-	fs.DurationVar(&f.lag, "lag", 300*time.Millisecond, "how long the replica is stopped (socket buffers full) before the master is killed; under 1s (down-after-milliseconds)")
+	fs.DurationVar(&f.lag, "lag", 300*time.Millisecond, "how long the replica is stopped (socket buffers full) before the master is killed; under 1s (down-after-milliseconds); 0: not stopped, the window is loopback replication's own")
 	fs.DurationVar(&f.settle, "settle", 10*time.Second, "no progress for this long, with every group's lag 0, ends a consumer phase")
 	fs.BoolVar(&f.restartOld, "restart-old", false, "restart the killed master (empty) after the failover and wait until the sentinels make it a replica (about 10s more per phase)")
 	if err := fs.Parse(args); err != nil {
@@ -195,16 +195,18 @@ func sentinelClient(failFast bool) *redis.Client {
 	return redis.NewFailoverClient(o)
 }
 
-// rfoFault stops the replica for lag, kills the master and waits for the
+// rfoFault stops the replica for lag (not at all for 0), kills the master and waits for the
 // failover. recovery is the time from the kill to the first SET that a
 // fresh Sentinel client gets an OK for; failoverFor until the sentinels name
 // a new master (scripts/topology/redis.sh wait-failover).
 func rfoFault(ctx context.Context, f rfoFlags, r *rfoRun) error {
-	if err := topology(ctx, "redis", "pause-replication"); err != nil {
-		return err
-	}
-	if err := sleep(ctx, f.lag); err != nil {
-		return err
+	if f.lag > 0 {
+		if err := topology(ctx, "redis", "pause-replication"); err != nil {
+			return err
+		}
+		if err := sleep(ctx, f.lag); err != nil {
+			return err
+		}
 	}
 	probe := sentinelClient(false)
 	defer func() { _ = probe.Close() }()
@@ -777,9 +779,12 @@ func rfoTokens(ctx context.Context, f rfoFlags) (rfoRun, error) {
 }
 
 func rfoPrint(runs []rfoRun, f rfoFlags, total time.Duration) {
+	pause := fmt.Sprintf("the replica stopped for %s behind full socket buffers (the master's later writes exist only in its memory),\n", f.lag)
+	if f.lag == 0 {
+		pause = "the replica streaming as usual (loopback, asynchronous),\n"
+	}
 	t := table{title: fmt.Sprintf("Redis failover drill: a master, a replica and 3 Sentinels (quorum 2, down-after 1s) on loopback; in each phase, with %d%% of\n"+
-		"the work done, the replica stopped for %s behind full socket buffers (the master's later writes exist only in its memory),\n"+
-		"the master SIGKILLed, the replica promoted by the sentinels; clients through go-redis's Sentinel client.", int(f.at*100), f.lag)}
+		"the work done, %sthe master SIGKILLed, the replica promoted by the sentinels; clients through go-redis's Sentinel client.", int(f.at*100), pause)}
 	for _, r := range runs {
 		t.columns = append(t.columns, map[string]string{"fastpath": "fast path", "store": "Redis store", "tokens": "submit token"}[r.phase])
 	}
@@ -860,7 +865,7 @@ func rfoPrint(runs []rfoRun, f rfoFlags, total time.Duration) {
 	row("store: SUCCEEDED on the new master", cells(only("store", func(r rfoRun) string { return fmt.Sprint(r.succeededRedis) })))
 	row("store: records lost in the failover", cells(only("store", func(r rfoRun) string { return fmt.Sprint(r.recordsLost) })))
 	row("store: dead letters", cells(only("store", func(r rfoRun) string { return fmt.Sprint(r.deadLetters) })))
-	row("store: handler calls, topic consumed again", cells(only("store", func(r rfoRun) string { return fmt.Sprintf("%d (%d messages)", r.calls2, r.rerunIDs) })))
+	row("store: calls / messages, consumed again", cells(only("store", func(r rfoRun) string { return fmt.Sprintf("%d / %d", r.calls2, r.rerunIDs) })))
 	row("tokens: issued / issue errors", cells(only("tokens", func(r rfoRun) string { return fmt.Sprintf("%d / %d", r.issued, r.issueErrs) })))
 	row("tokens: consumed / unknown / error (1st)", cells(only("tokens", func(r rfoRun) string {
 		return fmt.Sprintf("%d / %d / %d", r.consumedFirst, r.unknownFirst, r.errFirst)
@@ -877,9 +882,9 @@ func rfoPrint(runs []rfoRun, f rfoFlags, total time.Duration) {
 		}
 		return fmt.Sprint(r.duplicateEffects())
 	}))
-	row("lost (skipped messages / issued tokens)", cells(func(r rfoRun) string {
+	row("lost (messages skipped / tokens gone)", cells(func(r rfoRun) string {
 		if r.phase == "tokens" {
-			return fmt.Sprint(r.unknownFirst)
+			return fmt.Sprint(r.unknownFirst + r.forgotten)
 		}
 		return fmt.Sprint(r.skipped())
 	}))
