@@ -64,7 +64,8 @@
 //     The window is what the primary acknowledged and had not yet sent its
 //     replica: its replication lag. make drill-redis-failover measures it
 //     on a Sentinel failover (docs/operations.md): no record lost with the
-//     replica streaming on loopback, 767 of 2000 with a replica 0.6s behind.
+//     replica streaming on loopback, 472 of 2000 with the replica stopped
+//     for at most 0.66s before the kill.
 //     The store has no option to WAIT for replicas before a completion
 //     returns.
 //     The same holds for a restart with appendfsync everysec (up to a second

@@ -64,7 +64,7 @@ type rfoRun struct {
 	atKill      int // applied (each consumer) or tokens issued when the master was killed
 	recovery    time.Duration
 	failoverFor time.Duration // kill until the sentinels name a new master that answers as master
-	ballastMB   int
+	pausedFor   time.Duration // from the replica's stop (at most) to the kill
 
 	// fastpath and store: from the topic and Postgres
 	copies              int // messages on the topic
@@ -200,6 +200,7 @@ func sentinelClient(failFast bool) *redis.Client {
 // fresh Sentinel client gets an OK for; failoverFor until the sentinels name
 // a new master (scripts/topology/redis.sh wait-failover).
 func rfoFault(ctx context.Context, f rfoFlags, r *rfoRun) error {
+	paused := time.Now()
 	if f.lag > 0 {
 		if err := topology(ctx, "redis", "pause-replication"); err != nil {
 			return err
@@ -214,6 +215,9 @@ func rfoFault(ctx context.Context, f rfoFlags, r *rfoRun) error {
 		return err
 	}
 	killed := time.Now()
+	if f.lag > 0 {
+		r.pausedFor = killed.Sub(paused)
+	}
 	recovered := make(chan time.Duration, 1)
 	go func() {
 		for ctx.Err() == nil && time.Since(killed) < 2*time.Minute {
@@ -823,6 +827,7 @@ func rfoPrint(runs []rfoRun, f rfoFlags, total time.Duration) {
 	row("faults", cells(func(r rfoRun) string { return "1 master kill" }))
 	row("messages / tokens", cells(func(r rfoRun) string { return fmt.Sprint(r.messages) }))
 	row("done when the master was killed", cells(func(r rfoRun) string { return fmt.Sprint(r.atKill) }))
+	row("replica stopped before the kill (at most)", cells(func(r rfoRun) string { return d(r.pausedFor) }))
 	row("sentinels name the new master after", cells(func(r rfoRun) string { return d(r.failoverFor) }))
 	row("first write through Sentinel client after", cells(func(r rfoRun) string { return d(r.recovery) }))
 	row("copies on the topic / distinct IDs", cells(consumers(func(r rfoRun) string { return fmt.Sprintf("%d / %d", r.copies, r.distinctIDs) })))
