@@ -310,8 +310,8 @@ func (e *rfoEnv) effects(ctx context.Context, mode string, pass int) int {
 	return n
 }
 
-// runConsumers runs cons on their sources until stop is closed; errors go
-// to errs.
+// runner is a set of consumers running on their sources until stop; their
+// errors go to errs.
 type runner struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
