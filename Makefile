@@ -101,11 +101,17 @@ drill-clock-skew: ## two workers built with wall clocks 5 minutes apart (go buil
 	bash $(SERVICES) up postgres
 	$(ENV); $(DRILL) clock-skew $(DRILL_ARGS)
 
+.PHONY: drill-redis-failover
+drill-redis-failover: ## Redis master + replica + 3 Sentinels on 127.0.0.1:6391/6392, 26391-26393: the master SIGKILLed (replica stopped first) under the fast path, the Redis-only store and submit tokens; duplicates, lost records, recovery time
+	bash $(SERVICES) up kafka
+	$(ENV); $(DRILL) redis-failover $(DRILL_ARGS)
+
 .PHONY: drill-smoke
 drill-smoke: ## a short run of every topology drill (what CI runs after `make test`)
 	bash $(SERVICES) up postgres kafka
 	$(ENV); $(DRILL) pg-failover -messages 600 -settle 5s
 	$(ENV); $(DRILL) clock-skew
+	$(ENV); $(DRILL) redis-failover -messages 400 -tokens 600 -settle 2s
 
 # `make bench` is the proof of idemq's throughput: integration/cmd/benchreport measures, in one run,
 # the rooflines (pgbench on tables of idemq's row shapes, pg_test_fsync, raw kafka-go) and the same

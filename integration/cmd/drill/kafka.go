@@ -20,18 +20,32 @@ func kafkaBrokers() []string {
 // produce writes n messages to topic: message ID "<prefix>-<i>" in the
 // message-ID header, key "k-<i mod keys>", value "<i>", in order (acks=all).
 func produce(ctx context.Context, brokers []string, topic, prefix string, n, keys int) error {
-	return produceRange(ctx, brokers, topic, prefix, 0, n, keys)
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	return produceIDs(ctx, brokers, topic, prefix, idx, keys)
 }
 
 // produceRange is produce for the messages lo to hi-1.
 func produceRange(ctx context.Context, brokers []string, topic, prefix string, lo, hi, keys int) error {
+	idx := make([]int, 0, max(0, hi-lo))
+	for i := lo; i < hi; i++ {
+		idx = append(idx, i)
+	}
+	return produceIDs(ctx, brokers, topic, prefix, idx, keys)
+}
+
+// produceIDs is produce for the messages numbered idx, in that order: a
+// number given twice is two copies of one message (same ID, key and value).
+func produceIDs(ctx context.Context, brokers []string, topic, prefix string, idx []int, keys int) error {
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: kafka.Murmur2Balancer{},
 		RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond, BatchSize: 500}
 	defer func() { _ = w.Close() }()
 	const chunk = 500
-	for ; lo < hi; lo += chunk {
+	for lo := 0; lo < len(idx); lo += chunk {
 		var msgs []kafka.Message
-		for i := lo; i < min(hi, lo+chunk); i++ {
+		for _, i := range idx[lo:min(len(idx), lo+chunk)] {
 			msgs = append(msgs, kafka.Message{Key: []byte(fmt.Sprintf("k-%d", i%keys)), Value: []byte(strconv.Itoa(i)),
 				Headers: []kafka.Header{{Key: wire.MessageIDHeader, Value: []byte(fmt.Sprintf("%s-%d", prefix, i))}}})
 		}
