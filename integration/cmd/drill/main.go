@@ -5,7 +5,8 @@
 // offsets), prints a summary table and stops everything it started. It
 // exits 1 when exactly-once did not hold where the topology promises it.
 //
-//	drill pg-failover [flags]   a Postgres primary and a streaming standby: promotion under load
+//	drill pg-failover [flags]     a Postgres primary and a streaming standby: promotion under load
+//	drill kafka-cluster [flags]   three KRaft brokers: leaders killed, partitions added, offsets reset
 //
 // Each subcommand's -h lists its flags. The brokers and Redis come from
 // scripts/services.sh (TEST_KAFKA_BROKERS, ...), as for the integration tests.
@@ -24,6 +25,7 @@ var drills = []struct {
 	run        func(ctx context.Context, args []string) error
 }{
 	{"pg-failover", "a Postgres primary and a streaming standby (sync and async): the primary killed and the standby promoted while messages flow", runPGFailover},
+	{"kafka-cluster", "three KRaft brokers, RF 3, min.insync.replicas 2: partition leaders SIGKILLed and restarted, partitions added and offsets reset with Kafka's tools, while a group of two consumes and the relay publishes", runKafkaCluster},
 }
 
 func main() {
