@@ -69,9 +69,9 @@ api_ok() {
 }
 
 ensure_jars() {
+  ensure_packages kafka # a Java 17 JRE and maven, from apt-get when missing (services.sh's)
   JAVA=
-  find_java || die "no Java 17+ found (services.sh up kafka installs one)"
-  command -v mvn >/dev/null || die "no mvn (services.sh up kafka installs maven)"
+  find_java || die "no Java 17+ found"
   fetch_jars "$DIR" "$(kafka_pom)"
 }
 

@@ -333,7 +333,7 @@ member int not null, message_id text not null, at timestamptz not null default c
 		logf("kill %d: node %d (leader of %s/%d) SIGKILLed; new leader elected after %s, consumed again after %s, relayed again after %s; restarted, back in every ISR after %s",
 			i+1, k.node, in, k.partition, k.elected.Round(10*time.Millisecond), k.consumed.Round(10*time.Millisecond),
 			k.relayed.Round(10*time.Millisecond), k.isr.Round(10*time.Millisecond))
-		if err := sleep(ctx, 2*time.Second); err != nil {
+		if err := sleep(ctx, time.Second); err != nil {
 			return res, err
 		}
 	}
@@ -381,7 +381,7 @@ member int not null, message_id text not null, at timestamptz not null default c
 		}
 		res.addedConsumedIn = time.Since(alterAt)
 		logf("every added partition consumed (committed) %s after the alter", res.addedConsumedIn.Round(10*time.Millisecond))
-		if err := sleep(ctx, 3*time.Second); err != nil {
+		if err := sleep(ctx, time.Second); err != nil {
 			return res, err
 		}
 	}
