@@ -106,12 +106,18 @@ drill-redis-failover: ## Redis master + replica + 3 Sentinels on 127.0.0.1:6391/
 	bash $(SERVICES) up kafka
 	$(ENV); $(DRILL) redis-failover $(DRILL_ARGS)
 
+.PHONY: drill-kafka-cluster
+drill-kafka-cluster: ## three KRaft brokers on 127.0.0.1:19092-19094 (RF 3, min.insync.replicas 2): partition leaders SIGKILLed and restarted, partitions added (kafka-topics) and offsets reset to earliest (kafka-consumer-groups) while a group of two consumes and the relay publishes; duplicates, lost, order, offsets never backwards, recovery per kill
+	bash $(SERVICES) up postgres
+	$(ENV); $(DRILL) kafka-cluster $(DRILL_ARGS)
+
 .PHONY: drill-smoke
 drill-smoke: ## a short run of every topology drill (what CI runs after `make test`)
 	bash $(SERVICES) up postgres kafka
 	$(ENV); $(DRILL) pg-failover -messages 600 -settle 5s
 	$(ENV); $(DRILL) clock-skew
 	$(ENV); $(DRILL) redis-failover -messages 400 -tokens 600 -settle 2s
+	$(ENV); $(DRILL) kafka-cluster -kills 1 -rate 30 -settle 2s
 
 # `make bench` is the proof of idemq's throughput: integration/cmd/benchreport measures, in one run,
 # the rooflines (pgbench on tables of idemq's row shapes, pg_test_fsync, raw kafka-go) and the same

@@ -86,25 +86,37 @@ func (c topicContents) orderFaults() int {
 	return faults
 }
 
-// readTopic reads every partition of topic to its end offset.
+// readTopic reads every partition of topic to its end offset, asking the
+// brokers in turn for the partitions and their leaders.
 func readTopic(ctx context.Context, brokers []string, topic string) (topicContents, error) {
 	out := topicContents{copies: map[string]int{}, byKey: map[string][]int{}}
-	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
-	if err != nil {
-		return out, err
+	var parts []kafka.Partition
+	var err error
+	for _, b := range brokers { // the first broker that answers
+		var conn *kafka.Conn
+		if conn, err = kafka.DialContext(ctx, "tcp", b); err == nil {
+			parts, err = conn.ReadPartitions(topic)
+			_ = conn.Close()
+		}
+		if err == nil {
+			break
+		}
 	}
-	parts, err := conn.ReadPartitions(topic)
-	_ = conn.Close()
 	if err != nil {
 		return out, err
 	}
 	for _, p := range parts {
-		lc, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, p.ID)
-		if err != nil {
-			return out, err
+		var lo, hi int64
+		for _, b := range brokers {
+			var lc *kafka.Conn
+			if lc, err = kafka.DialLeader(ctx, "tcp", b, topic, p.ID); err == nil {
+				lo, hi, err = lc.ReadOffsets()
+				_ = lc.Close()
+			}
+			if err == nil {
+				break
+			}
 		}
-		lo, hi, err := lc.ReadOffsets()
-		_ = lc.Close()
 		if err != nil {
 			return out, err
 		}

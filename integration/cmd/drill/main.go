@@ -6,6 +6,7 @@
 // exits 1 when exactly-once did not hold where the topology promises it.
 //
 //	drill pg-failover [flags]      a Postgres primary and a streaming standby: promotion under load
+//	drill kafka-cluster [flags]    three KRaft brokers: leaders killed, partitions added, offsets reset
 //	drill redis-failover [flags]   a Redis master, a replica and 3 Sentinels: the master killed under load
 //	drill partition [flags]        latency, cuts, black holes and slow closes between idemq and Postgres
 //	drill clock-skew [flags]       two processes whose clocks are 5 minutes apart share leases and keys
@@ -27,6 +28,7 @@ var drills = []struct {
 	run        func(ctx context.Context, args []string) error
 }{
 	{"pg-failover", "a Postgres primary and a streaming standby (sync and async): the primary killed and the standby promoted while messages flow", runPGFailover},
+	{"kafka-cluster", "three KRaft brokers, RF 3, min.insync.replicas 2: partition leaders SIGKILLed and restarted, partitions added and offsets reset with Kafka's tools, while a group of two consumes and the relay publishes", runKafkaCluster},
 	{"redis-failover", "a Redis master, a replica and 3 Sentinels: the master killed while the fast path, the Redis-only store and submit tokens work", runRedisFailover},
 	{"clock-skew", "two workers whose wall clocks are minutes apart share lease records, consumption records and HTTP keys", runClockSkew},
 	{"partition", "the consumer, the relay and the HTTP middleware reach Postgres through toxiproxy: latency, a cut, a black hole, a slow close", runPartition},
