@@ -103,7 +103,7 @@ drill-clock-skew: ## two workers built with wall clocks 5 minutes apart (go buil
 
 .PHONY: drill-redis-failover
 drill-redis-failover: ## Redis master + replica + 3 Sentinels on 127.0.0.1:6391/6392, 26391-26393: the master SIGKILLed (replica stopped first) under the fast path, the Redis-only store and submit tokens; duplicates, lost records, recovery time
-	bash $(SERVICES) up kafka
+	bash $(SERVICES) up postgres kafka
 	$(ENV); $(DRILL) redis-failover $(DRILL_ARGS)
 
 .PHONY: drill-kafka-cluster
@@ -111,11 +111,17 @@ drill-kafka-cluster: ## three KRaft brokers on 127.0.0.1:19092-19094 (RF 3, min.
 	bash $(SERVICES) up postgres
 	$(ENV); $(DRILL) kafka-cluster $(DRILL_ARGS)
 
+.PHONY: drill-partition
+drill-partition: ## the consumer, the relay and the HTTP middleware reach Postgres through toxiproxy (in-process): latency, a cut, a black hole, a slow close while they work; recovery per fault, duplicates, lost, order
+	bash $(SERVICES) up postgres kafka
+	$(ENV); $(DRILL) partition $(DRILL_ARGS)
+
 .PHONY: drill-smoke
 drill-smoke: ## a short run of every topology drill (what CI runs after `make test`)
 	bash $(SERVICES) up postgres kafka
 	$(ENV); $(DRILL) pg-failover -messages 600 -settle 5s
 	$(ENV); $(DRILL) clock-skew
+	$(ENV); $(DRILL) partition -messages 600 -requests 80 -window 2s
 	$(ENV); $(DRILL) redis-failover -messages 400 -tokens 600 -settle 2s
 	$(ENV); $(DRILL) kafka-cluster -kills 1 -rate 30 -settle 2s
 
