@@ -407,10 +407,22 @@ func (s *Source) revoke(g *generation, claims []*claim) {
 	s.log.Info("idemq: kafka generation ended; its partitions are given up", "group", s.cgc.ID, "generation", g.id, "partitions", len(claims))
 }
 
+// partitionReader is what readPartition uses of a *kafka.Reader (a fake in
+// tests: Source.newReader).
+type partitionReader interface {
+	SetOffset(offset int64) error
+	FetchMessage(ctx context.Context) (kafka.Message, error)
+	Stats() kafka.ReaderStats
+	Close() error
+}
+
+// newKafkaReader is Source.newReader outside tests.
+func newKafkaReader(rc kafka.ReaderConfig) partitionReader { return kafka.NewReader(rc) }
+
 // readPartition reads c's partition into s.msgs until c is revoked.
 func (s *Source) readPartition(c *claim) {
 	defer s.wg.Done()
-	r := kafka.NewReader(partitionConfig(s.rc, c.tp))
+	r := s.newReader(partitionConfig(s.rc, c.tp))
 	s.mu.Lock()
 	s.readers[c] = r
 	s.mu.Unlock()

@@ -105,6 +105,9 @@ type Source struct {
 	// fetch returns the next message read for a claim, or an error of a
 	// partition reader or of the group; s.receive, replaced in tests.
 	fetch func(context.Context) (kafka.Message, *claim, error)
+	// newReader builds a claim's partition reader: newKafkaReader, replaced
+	// in tests.
+	newReader func(kafka.ReaderConfig) partitionReader
 	// watch is set unless Config.IgnorePartitionChanges: serve ends a
 	// generation when the partition count of a consumed topic changes,
 	// checked every watchEvery with counts (s.readPartitionCounts, replaced
@@ -123,14 +126,14 @@ type Source struct {
 	started    bool
 	closed     bool
 	cg         *kafka.ConsumerGroup
-	flush      func(context.Context)     // consumer.Revocable.OnRevoke
-	owned      map[topicPartition]*claim // partitions owned in the generation in hand
-	completed  map[topicPartition]int64  // per partition, the highest offset Commit was given
-	readers    map[*claim]*kafka.Reader  // live partition readers
-	stats      Stats                     // the cumulative counters
-	retired    kafka.ReaderStats         // stats of the readers stopped since the last Stats call
-	rebalances int64                     // generations joined since the last Stats call
-	genID      int32                     // the generation in hand, -1 when none
+	flush      func(context.Context)      // consumer.Revocable.OnRevoke
+	owned      map[topicPartition]*claim  // partitions owned in the generation in hand
+	completed  map[topicPartition]int64   // per partition, the highest offset Commit was given
+	readers    map[*claim]partitionReader // live partition readers
+	stats      Stats                      // the cumulative counters
+	retired    kafka.ReaderStats          // stats of the readers stopped since the last Stats call
+	rebalances int64                      // generations joined since the last Stats call
+	genID      int32                      // the generation in hand, -1 when none
 	// base is the partition count per consumed topic read before this
 	// member (re)joined the group, for the next generation's watch; nil
 	// when it could not be read (the generation reads its own).
@@ -181,7 +184,7 @@ func NewSource(cfg Config) (*Source, error) {
 		retryMax: cmp.Or(cfg.FetchRetryMax, 30*time.Second), log: cfg.Logger,
 		horizon: cfg.RedeliveryHorizon, admin: kafkasec.TransportFromDialer(rc.Dialer),
 		msgs: make(chan fetched), owned: map[topicPartition]*claim{}, completed: map[topicPartition]int64{},
-		readers: map[*claim]*kafka.Reader{}, genID: -1}
+		readers: map[*claim]partitionReader{}, newReader: newKafkaReader, genID: -1}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
