@@ -117,7 +117,7 @@ drill-partition: ## the consumer, the relay and the HTTP middleware reach Postgr
 	$(ENV); $(DRILL) partition $(DRILL_ARGS)
 
 .PHONY: drill-smoke
-drill-smoke: ## a short run of every topology drill (what CI runs after `make test`)
+drill-smoke: ## a short run of every topology drill (.ci/run runs it before `make test`)
 	bash $(SERVICES) up postgres kafka
 	$(ENV); $(DRILL) pg-failover -messages 600 -settle 5s
 	$(ENV); $(DRILL) clock-skew
