@@ -39,7 +39,7 @@ func newForwarder(t *testing.T, target string) *forwarder {
 			if err != nil {
 				return
 			}
-			s, err := net.Dial("tcp", target)
+			s, err := net.Dial("tcp", target) //nolint:gosec // the test's own Postgres, from TEST_POSTGRES_DSN
 			if err != nil {
 				_ = c.Close()
 				continue

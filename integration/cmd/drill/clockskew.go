@@ -343,7 +343,10 @@ func (d skewDrill) leaseTakeover(ctx context.Context, holder, taker *worker, id 
 		}
 	}
 	_ = holder.cmd.Process.Signal(syscall.SIGCONT)
-	<-held // the stale owner's call ends (fenced) once it runs again
+	// The stale owner's call ends (fenced) once it runs again.
+	if err := <-held; err != nil {
+		return skewCheck{}, fmt.Errorf("%s: the holder's call: %w", what, err)
+	}
 	fin, err := d.lease(ctx, id)
 	if err != nil {
 		return skewCheck{}, err

@@ -40,22 +40,6 @@ func topology(ctx context.Context, name string, args ...string) error {
 	return nil
 }
 
-// topologyOutput runs scripts/topology/<name>.sh with args and returns its
-// standard output; its standard error goes to ours.
-func topologyOutput(ctx context.Context, name string, args ...string) (string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
-	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(root, "scripts", "topology", name+".sh")}, args...)...) // #nosec G204 -- our own script
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return string(out), fmt.Errorf("scripts/topology/%s.sh %s: %w", name, strings.Join(args, " "), err)
-	}
-	return string(out), nil
-}
-
 // env is the environment variable, or def.
 func env(name, def string) string {
 	if v := os.Getenv(name); v != "" {

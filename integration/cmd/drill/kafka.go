@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -197,5 +196,3 @@ func groupLag(ctx context.Context, brokers []string, group, topic string) (int64
 	}
 	return lag, nil
 }
-
-var errStalled = errors.New("no progress")

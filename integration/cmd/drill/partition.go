@@ -338,9 +338,10 @@ func runPartition(ctx context.Context, args []string) error {
 		}
 		if time.Now().After(deadline) {
 			statusMu.Lock()
-			defer statusMu.Unlock()
-			return fmt.Errorf("not done 3 minutes after the last fault: %d of %d messages applied, %d outbox rows pending, %d of %d requests answered (answers by status: %v)",
-				applied, *messages, pending, answered.Load(), *requests, statuses)
+			byStatus := fmt.Sprint(statuses)
+			statusMu.Unlock()
+			return fmt.Errorf("not done 3 minutes after the last fault: %d of %d messages applied, %d outbox rows pending, %d of %d requests answered (answers by status: %s)",
+				applied, *messages, pending, answered.Load(), *requests, byStatus)
 		}
 		if err := sleep(ctx, 250*time.Millisecond); err != nil {
 			return err

@@ -477,11 +477,12 @@ func countEffects(ctx context.Context, pool *pgxpool.Pool, s, mode string) int {
 	defer cancel()
 	var n int
 	var err error
-	if mode == "" {
+	switch mode {
+	case "":
 		err = pool.QueryRow(qctx, `select (select count(*) from `+s+`.effects) + (select count(*) from `+s+`.provider)`).Scan(&n)
-	} else if mode == "lease" {
+	case "lease":
 		err = pool.QueryRow(qctx, `select count(*) from `+s+`.provider`).Scan(&n)
-	} else {
+	default:
 		err = pool.QueryRow(qctx, `select count(*) from `+s+`.effects where mode = $1`, mode).Scan(&n)
 	}
 	if err != nil {

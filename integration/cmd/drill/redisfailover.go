@@ -824,7 +824,7 @@ func rfoPrint(runs []rfoRun, f rfoFlags, total time.Duration) {
 		}
 	}
 	d := func(x time.Duration) string { return x.Round(10 * time.Millisecond).String() }
-	row("faults", cells(func(r rfoRun) string { return "1 master kill" }))
+	row("faults", cells(func(rfoRun) string { return "1 master kill" }))
 	row("messages / tokens", cells(func(r rfoRun) string { return fmt.Sprint(r.messages) }))
 	row("done when the master was killed", cells(func(r rfoRun) string { return fmt.Sprint(r.atKill) }))
 	row("replica stopped before the kill (at most)", cells(func(r rfoRun) string { return d(r.pausedFor) }))
