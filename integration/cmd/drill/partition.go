@@ -49,8 +49,8 @@ type partFault struct {
 
 func runPartition(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("partition", flag.ContinueOnError)
-	messages := fs.Int("messages", 2000, "messages consumed (atomic mode; each writes an outbox row the relay publishes)")
-	requests := fs.Int("requests", 200, "HTTP requests, each retried with its key until it is answered")
+	minMessages := fs.Int("messages", 2000, "messages consumed at least (atomic mode; each writes an outbox row the relay publishes); more are produced while faults remain")
+	minRequests := fs.Int("requests", 200, "HTTP requests at least, each retried with its key until it is answered; more are sent while faults remain")
 	window := fs.Duration("window", 3*time.Second, "how long each fault lasts")
 	bound := fs.Duration("bound", 90*time.Second, "work must flow again within this long after a fault ends, or the drill reports a hang")
 	if err := fs.Parse(args); err != nil {
@@ -123,12 +123,13 @@ func runPartition(ctx context.Context, args []string) error {
 	}
 	// A fifth of the messages first; the rest while the faults run, so the
 	// consumer and the relay have work after each fault.
-	if err := produceRange(ctx, brokers, in, "m", 0, *messages/5, 20); err != nil {
+	if err := produceRange(ctx, brokers, in, "m", 0, *minMessages/5, 20); err != nil {
 		return err
 	}
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var faultsDone atomic.Bool // the producer and the HTTP client stop adding work once set
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
 	cons, err := consumer.New(consumer.Config{Scope: "part", Store: store, Logger: logger,
@@ -189,14 +190,15 @@ func runPartition(ctx context.Context, args []string) error {
 	})))
 	api := httptest.NewServer(mux)
 	defer api.Close()
-	var answered, httpAttempts, longest atomic.Int64 // longest: the slowest attempt, in ns
+	var answered, sent, httpAttempts, longest atomic.Int64 // longest: the slowest attempt, in ns
 	var statusMu sync.Mutex
 	statuses := map[int]int{} // HTTP answers by status
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		cl := &http.Client{Timeout: 30 * time.Second}
-		for i := 0; i < *requests && runCtx.Err() == nil; i++ {
+		for i := 0; (i < *minRequests || !faultsDone.Load()) && runCtx.Err() == nil; i++ {
+			sent.Store(int64(i + 1))
 			key := fmt.Sprintf("req-%d", i)
 			for runCtx.Err() == nil {
 				httpAttempts.Add(1)
@@ -224,20 +226,26 @@ func runPartition(ctx context.Context, args []string) error {
 			_ = sleep(runCtx, 30*time.Millisecond)
 		}
 	}()
-	produced := make(chan error, 1)
+	// The producer and the HTTP client go on while faults remain, so that
+	// every component has work after each fault; the counts below are
+	// what they produced and sent.
+	var produced atomic.Int64
+	produced.Store(int64(*minMessages / 5))
+	producerDone := make(chan error, 1)
 	go func() {
-		per := max(1, (*messages-*messages/5)/40)
-		for lo := *messages / 5; lo < *messages; lo += per {
-			if err := produceRange(runCtx, brokers, in, "m", lo, min(*messages, lo+per), 20); err != nil {
-				produced <- err
+		per := int64(max(1, (*minMessages-*minMessages/5)/40))
+		for lo := produced.Load(); lo < int64(*minMessages) || !faultsDone.Load(); lo += per {
+			if err := produceRange(runCtx, brokers, in, "m", int(lo), int(lo+per), 20); err != nil {
+				producerDone <- err
 				return
 			}
+			produced.Store(lo + per)
 			if sleep(runCtx, 500*time.Millisecond) != nil {
-				produced <- runCtx.Err()
+				producerDone <- runCtx.Err()
 				return
 			}
 		}
-		produced <- nil
+		producerDone <- nil
 	}()
 	stopAll := func() { cancel(); wg.Wait() }
 	defer stopAll()
@@ -322,9 +330,11 @@ func runPartition(ctx context.Context, args []string) error {
 			logf("%-32s every component working again %s after it ended", f.name, f.recover.Round(time.Millisecond))
 		}
 	}
-	if err := <-produced; err != nil {
+	faultsDone.Store(true)
+	if err := <-producerDone; err != nil {
 		return err
 	}
+	messages, requests := int(produced.Load()), 0 // requests: once the client is done
 	// Everything done: messages applied, outbox published, requests answered.
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
@@ -333,7 +343,7 @@ func runPartition(ctx context.Context, args []string) error {
   (select count(*) from `+s+`.outbox where published_at is null)`).Scan(&applied, &pending); err != nil {
 			return fmt.Errorf("counting: %w", err)
 		}
-		if applied >= *messages && pending == 0 && answered.Load() >= int64(*requests) {
+		if applied >= messages && pending == 0 && answered.Load() >= sent.Load() {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -341,13 +351,14 @@ func runPartition(ctx context.Context, args []string) error {
 			byStatus := fmt.Sprint(statuses)
 			statusMu.Unlock()
 			return fmt.Errorf("not done 3 minutes after the last fault: %d of %d messages applied, %d outbox rows pending, %d of %d requests answered (answers by status: %s)",
-				applied, *messages, pending, answered.Load(), *requests, byStatus)
+				applied, messages, pending, answered.Load(), sent.Load(), byStatus)
 		}
 		if err := sleep(ctx, 250*time.Millisecond); err != nil {
 			return err
 		}
 	}
 	stopAll()
+	requests = int(sent.Load())
 
 	var kRows, kDistinct, hRows, hDistinct, obRows int
 	if err := direct.QueryRow(ctx, `select
@@ -379,7 +390,7 @@ func runPartition(ctx context.Context, args []string) error {
 	}
 
 	t := table{title: fmt.Sprintf("Partition drill: the consumer (atomic, %d messages), the relay and the HTTP middleware (%d requests, retried\n"+
-		"with their key) reach Postgres through toxiproxy; each fault lasts %s; recovery = the first new effect or publish after it ends", *messages, *requests, *window),
+		"with their key) reach Postgres through toxiproxy; each fault lasts %s; recovery = the first new effect or publish after it ends", messages, requests, *window),
 		columns: []string{"value"}}
 	hung := 0
 	for _, f := range faults {
@@ -389,12 +400,12 @@ func runPartition(ctx context.Context, args []string) error {
 		}
 		t.row("recovery after "+f.name, v)
 	}
-	t.row("consumer: effect rows / distinct / messages", fmt.Sprintf("%d / %d / %d", kRows, kDistinct, *messages))
-	t.row("HTTP: effect rows / distinct / requests (attempts)", fmt.Sprintf("%d / %d / %d (%d)", hRows, hDistinct, *requests, httpAttempts.Load()))
+	t.row("consumer: effect rows / distinct / messages", fmt.Sprintf("%d / %d / %d", kRows, kDistinct, messages))
+	t.row("HTTP: effect rows / distinct / requests (attempts)", fmt.Sprintf("%d / %d / %d (%d)", hRows, hDistinct, requests, httpAttempts.Load()))
 	t.row("HTTP: slowest attempt (client timeout 30s)", time.Duration(longest.Load()).Round(time.Millisecond).String())
 	t.row("relay: outbox rows / on the topic / extra copies", fmt.Sprintf("%d / %d / %d", obRows, obRows-missing, topic.messages-len(topic.copies)))
 	t.row("relay: per-key order faults", fmt.Sprint(topic.orderFaults()))
-	dups, lost := (kRows-kDistinct)+(hRows-hDistinct), (*messages-kDistinct)+(*requests-hDistinct)+missing
+	dups, lost := (kRows-kDistinct)+(hRows-hDistinct), (messages-kDistinct)+(requests-hDistinct)+missing
 	t.row("duplicate effects", fmt.Sprint(dups))
 	t.row("lost", fmt.Sprint(lost))
 	t.print()
