@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/wire"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -195,4 +196,60 @@ func groupLag(ctx context.Context, brokers []string, group, topic string) (int64
 		lag += p.LastOffset - max(at[p.Partition], 0)
 	}
 	return lag, nil
+}
+
+// relayCheck is the relay's outcome: an outbox table against the topic its
+// rows were relayed to, both read after the run.
+type relayCheck struct {
+	outboxRows  int // rows in the outbox table
+	unpublished int // of which not marked published
+	published   int // distinct message IDs on the topic
+	copies      int // messages on the topic beyond the first copy of each ID
+	phantoms    int // message IDs on the topic with no outbox row (a lost commit)
+	missing     int // outbox rows whose message is not on the topic
+	orderFaults int // keys whose first copies on the topic do not ascend
+	topic       topicContents
+}
+
+// checkRelay reads outbox (a sanitized table name) and topic and compares
+// them by message ID (the row's id, published in the message-ID header).
+func checkRelay(ctx context.Context, pool *pgxpool.Pool, outbox string, brokers []string, topic string) (relayCheck, error) {
+	var rc relayCheck
+	ids := map[string]bool{}
+	rows, err := pool.Query(ctx, `select id::text, published_at is null from `+outbox)
+	if err != nil {
+		return rc, err
+	}
+	for rows.Next() {
+		var id string
+		var unpublished bool
+		if err := rows.Scan(&id, &unpublished); err != nil {
+			return rc, err
+		}
+		ids[id] = true
+		if unpublished {
+			rc.unpublished++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return rc, err
+	}
+	rc.outboxRows = len(ids)
+	if rc.topic, err = readTopic(ctx, brokers, topic); err != nil {
+		return rc, err
+	}
+	rc.published = len(rc.topic.copies)
+	rc.copies = rc.topic.messages - len(rc.topic.copies)
+	for id := range rc.topic.copies {
+		if !ids[id] {
+			rc.phantoms++
+		}
+	}
+	for id := range ids {
+		if rc.topic.copies[id] == 0 {
+			rc.missing++
+		}
+	}
+	rc.orderFaults = rc.topic.orderFaults()
+	return rc, nil
 }

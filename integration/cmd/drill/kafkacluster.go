@@ -68,16 +68,10 @@ type kcResult struct {
 	perMember         map[int]int
 	succeeded         int
 	deadLetters       int
-	outboxRows        int
-	unpublished       int
-	published         int
-	copies            int
-	relayedMissing    int
-	phantoms          int
-	orderFaults       int
-	consumedOrder     int      // keys whose effects (in commit order) do not follow the input order
-	relayOrder        int      // keys whose relayed first copies do not follow the outbox order (seq)
-	backwards         []string // committed offsets that went down (not by the reset)
+	relay             relayCheck // the outbox against the relayed topic
+	consumedOrder     int        // keys whose effects (in commit order) do not follow the input order
+	relayOrder        int        // keys whose relayed first copies do not follow the outbox order (seq)
+	backwards         []string   // committed offsets that went down (not by the reset)
 	partitionsBefore  int
 	partitionsAfter   int
 	addedConsumedIn   time.Duration // from kafka-topics --alter until every added partition had a commit
@@ -106,10 +100,10 @@ func (r kcResult) broken(f kcFlags) []string {
 	add(r.lost != 0, "%d messages without an effect", r.lost)
 	add(r.strange != 0, "%d effects of messages not on the input topic", r.strange)
 	add(r.ackedMissing != 0, "%d acknowledged (acks=all) messages missing from the input topic", r.ackedMissing)
-	add(r.outboxRows != r.distinct, "%d outbox rows for %d effects", r.outboxRows, r.distinct)
-	add(r.unpublished != 0 || r.relayedMissing != 0, "%d outbox rows unpublished, %d not on the relayed topic", r.unpublished, r.relayedMissing)
-	add(r.phantoms != 0, "%d relayed messages without an outbox row", r.phantoms)
-	add(r.orderFaults != 0, "%d keys out of order on the relayed topic", r.orderFaults)
+	add(r.relay.outboxRows != r.distinct, "%d outbox rows for %d effects", r.relay.outboxRows, r.distinct)
+	add(r.relay.unpublished != 0 || r.relay.missing != 0, "%d outbox rows unpublished, %d not on the relayed topic", r.relay.unpublished, r.relay.missing)
+	add(r.relay.phantoms != 0, "%d relayed messages without an outbox row", r.relay.phantoms)
+	add(r.relay.orderFaults != 0, "%d keys out of order on the relayed topic", r.relay.orderFaults)
 	add(len(r.backwards) != 0, "committed offsets went backwards %d times: %s", len(r.backwards), strings.Join(r.backwards, "; "))
 	add(r.deadLetters != 0, "%d dead letters", r.deadLetters)
 	add(r.lagAfter != 0, "group lag %d at the end", r.lagAfter)
@@ -517,43 +511,12 @@ member int not null, message_id text not null, at timestamptz not null default c
 	}
 	res.succeeded = q(`select count(*) from ` + s + `.consumption_records where scope = 'kc' and status = 'SUCCEEDED'`)
 	res.deadLetters = q(`select count(*) from ` + s + `.dead_letters where scope = 'kc'`)
-	res.outboxRows = q(`select count(*) from ` + s + `.outbox`)
-	res.unpublished = q(`select count(*) from ` + s + `.outbox where published_at is null`)
 	if err != nil {
 		return res, err
 	}
-	ids := map[string]bool{}
-	rows, err = pool.Query(ctx, `select id::text from `+s+`.outbox`)
-	if err != nil {
+	if res.relay, err = checkRelay(ctx, pool, s+`.outbox`, brokers, out); err != nil {
 		return res, err
 	}
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return res, err
-		}
-		ids[id] = true
-	}
-	if err := rows.Err(); err != nil {
-		return res, err
-	}
-	relayed, err := readTopic(ctx, brokers, out)
-	if err != nil {
-		return res, err
-	}
-	res.published = len(relayed.copies)
-	res.copies = relayed.messages - len(relayed.copies)
-	for id := range relayed.copies {
-		if !ids[id] {
-			res.phantoms++
-		}
-	}
-	for id := range ids {
-		if relayed.copies[id] == 0 {
-			res.relayedMissing++
-		}
-	}
-	res.orderFaults = relayed.orderFaults()
 	// Where an order fault comes from: the consumers (effects committed out
 	// of the input order) or the relay (published out of the outbox order).
 	effectOrder := map[string][]int{}
@@ -593,7 +556,7 @@ member int not null, message_id text not null, at timestamptz not null default c
 		return res, err
 	}
 	byRank := map[string][]int{}
-	for k, vs := range relayed.byKey {
+	for k, vs := range res.relay.topic.byKey {
 		for _, v := range vs {
 			if r, ok := rank[k+"/"+strconv.Itoa(v)]; ok {
 				byRank[k] = append(byRank[k], r)
@@ -1124,10 +1087,10 @@ func kcPrint(r kcResult, f kcFlags, total time.Duration) {
 	}
 	row("committed offsets gone backwards", "%d", len(r.backwards))
 	row("group lag at the end", "%d", r.lagAfter)
-	row("relay: outbox rows / unpublished", "%d / %d", r.outboxRows, r.unpublished)
-	row("relay: distinct on topic / extra copies", "%d / %d", r.published, r.copies)
-	row("relay: missing / without outbox row", "%d / %d", r.relayedMissing, r.phantoms)
-	row("relay: per-key order faults (relayed topic)", "%d", r.orderFaults)
+	row("relay: outbox rows / unpublished", "%d / %d", r.relay.outboxRows, r.relay.unpublished)
+	row("relay: distinct on topic / extra copies", "%d / %d", r.relay.published, r.relay.copies)
+	row("relay: missing / without outbox row", "%d / %d", r.relay.missing, r.relay.phantoms)
+	row("relay: per-key order faults (relayed topic)", "%d", r.relay.orderFaults)
 	row("  keys out of order: effects vs input / topic vs outbox", "%d / %d", r.consumedOrder, r.relayOrder)
 	row("duplicate effects", "%d", r.duplicateEffects())
 	row("lost (messages without effect)", "%d", r.lost)

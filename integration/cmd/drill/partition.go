@@ -360,32 +360,15 @@ func runPartition(ctx context.Context, args []string) error {
 	stopAll()
 	requests = int(sent.Load())
 
-	var kRows, kDistinct, hRows, hDistinct, obRows int
+	var kRows, kDistinct, hRows, hDistinct int
 	if err := direct.QueryRow(ctx, `select
   (select count(*) from `+s+`.effects where source = 'kafka'), (select count(distinct id) from `+s+`.effects where source = 'kafka'),
-  (select count(*) from `+s+`.effects where source = 'http'), (select count(distinct id) from `+s+`.effects where source = 'http'),
-  (select count(*) from `+s+`.outbox)`).Scan(&kRows, &kDistinct, &hRows, &hDistinct, &obRows); err != nil {
+  (select count(*) from `+s+`.effects where source = 'http'), (select count(distinct id) from `+s+`.effects where source = 'http')`).
+		Scan(&kRows, &kDistinct, &hRows, &hDistinct); err != nil {
 		return err
 	}
-	topic, err := readTopic(ctx, brokers, out)
+	rc, err := checkRelay(ctx, direct, s+`.outbox`, brokers, out)
 	if err != nil {
-		return err
-	}
-	missing := 0
-	rows, err := direct.Query(ctx, `select id::text from `+s+`.outbox`)
-	if err != nil {
-		return err
-	}
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return err
-		}
-		if topic.copies[id] == 0 {
-			missing++
-		}
-	}
-	if err := rows.Err(); err != nil {
 		return err
 	}
 
@@ -403,14 +386,14 @@ func runPartition(ctx context.Context, args []string) error {
 	t.row("consumer: effect rows / distinct / messages", fmt.Sprintf("%d / %d / %d", kRows, kDistinct, messages))
 	t.row("HTTP: effect rows / distinct / requests (attempts)", fmt.Sprintf("%d / %d / %d (%d)", hRows, hDistinct, requests, httpAttempts.Load()))
 	t.row("HTTP: slowest attempt (client timeout 30s)", time.Duration(longest.Load()).Round(time.Millisecond).String())
-	t.row("relay: outbox rows / on the topic / extra copies", fmt.Sprintf("%d / %d / %d", obRows, obRows-missing, topic.messages-len(topic.copies)))
-	t.row("relay: per-key order faults", fmt.Sprint(topic.orderFaults()))
-	dups, lost := (kRows-kDistinct)+(hRows-hDistinct), (messages-kDistinct)+(requests-hDistinct)+missing
+	t.row("relay: outbox rows / on the topic / extra copies", fmt.Sprintf("%d / %d / %d", rc.outboxRows, rc.outboxRows-rc.missing, rc.copies))
+	t.row("relay: per-key order faults / published without a row", fmt.Sprintf("%d / %d", rc.orderFaults, rc.phantoms))
+	dups, lost := (kRows-kDistinct)+(hRows-hDistinct), (messages-kDistinct)+(requests-hDistinct)+rc.missing+rc.unpublished
 	t.row("duplicate effects", fmt.Sprint(dups))
 	t.row("lost", fmt.Sprint(lost))
 	t.print()
-	if hung > 0 || dups > 0 || lost > 0 || topic.orderFaults() > 0 {
-		return fmt.Errorf("%d faults hung, %d duplicate effects, %d lost, %d order faults", hung, dups, lost, topic.orderFaults())
+	if hung > 0 || dups > 0 || lost > 0 || rc.orderFaults > 0 || rc.phantoms > 0 {
+		return fmt.Errorf("%d faults hung, %d duplicate effects, %d lost, %d order faults, %d published without a row", hung, dups, lost, rc.orderFaults, rc.phantoms)
 	}
 	return nil
 }

@@ -61,14 +61,7 @@ type pgfoRun struct {
 	serverChanges int64
 	modes         []pgfoMode
 	unknown       map[string]int // "outcome not recorded; will be redelivered" log lines per scope
-	// relay
-	outboxRows     int // outbox rows on the new primary
-	unpublished    int
-	published      int // distinct outbox message IDs on the relayed topic
-	copies         int // relayed messages beyond the first copy of each
-	phantoms       int // relayed message IDs with no outbox row (their commit was lost)
-	orderFaults    int // keys whose relayed first copies do not ascend
-	relayedMissing int // outbox rows whose message is not on the topic
+	relay         relayCheck     // the outbox on the new primary against the relayed topic
 }
 
 func (r pgfoRun) mode(name string) pgfoMode {
@@ -94,7 +87,7 @@ func (r pgfoRun) lost() int {
 	for _, m := range r.modes {
 		n += r.messages - m.distinct
 	}
-	return n + r.relayedMissing
+	return n + r.relay.missing
 }
 
 func runPGFailover(ctx context.Context, args []string) error {
@@ -129,9 +122,9 @@ func runPGFailover(ctx context.Context, args []string) error {
 	}
 	pgfoPrint(runs, f, time.Since(start))
 	for _, r := range runs {
-		if r.replication == "sync" && (r.duplicateEffects() != 0 || r.lost() != 0 || r.orderFaults != 0 || r.phantoms != 0) {
+		if r.replication == "sync" && (r.duplicateEffects() != 0 || r.lost() != 0 || r.relay.orderFaults != 0 || r.relay.phantoms != 0) {
 			return fmt.Errorf("sync standby: exactly-once broken: %d duplicate effects, %d lost, %d order faults, %d phantoms",
-				r.duplicateEffects(), r.lost(), r.orderFaults, r.phantoms)
+				r.duplicateEffects(), r.lost(), r.relay.orderFaults, r.relay.phantoms)
 		}
 		for _, m := range r.modes {
 			if m.deadLetters != 0 {
@@ -383,44 +376,11 @@ create table `+s+`.probe (n bigint generated always as identity primary key, at 
 		m.lag, _ = groupLag(ctx, brokers, "pgfo-"+mode+"-"+sfx, in)
 		res.modes = append(res.modes, m)
 	}
-	res.outboxRows = q(`select count(*) from ` + s + `.outbox`)
-	res.unpublished = q(`select count(*) from ` + s + `.outbox where published_at is null`)
 	if err != nil {
 		return res, err
 	}
-	ids := map[string]bool{}
-	rows, err := pool.Query(ctx, `select id::text from `+s+`.outbox`)
-	if err != nil {
-		return res, err
-	}
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return res, err
-		}
-		ids[id] = true
-	}
-	if err := rows.Err(); err != nil {
-		return res, err
-	}
-	topic, err := readTopic(ctx, brokers, out)
-	if err != nil {
-		return res, err
-	}
-	res.published = len(topic.copies)
-	res.copies = topic.messages - len(topic.copies)
-	for id := range topic.copies {
-		if !ids[id] {
-			res.phantoms++
-		}
-	}
-	for id := range ids {
-		if topic.copies[id] == 0 {
-			res.relayedMissing++
-		}
-	}
-	res.orderFaults = topic.orderFaults()
-	return res, nil
+	res.relay, err = checkRelay(ctx, pool, s+`.outbox`, brokers, out)
+	return res, err
 }
 
 // pgfoConsumer builds one mode's consumer. Atomic mode also writes an
@@ -545,14 +505,14 @@ func pgfoPrint(runs []pgfoRun, f pgfoFlags, total time.Duration) {
 		}
 		t.row(mode+": group lag after the run", cells(func(r pgfoRun) string { return fmt.Sprint(r.mode(mode).lag) })...)
 	}
-	t.row("relay: outbox rows / unpublished", cells(func(r pgfoRun) string { return fmt.Sprintf("%d / %d", r.outboxRows, r.unpublished) })...)
-	t.row("relay: distinct on topic / extra copies", cells(func(r pgfoRun) string { return fmt.Sprintf("%d / %d", r.published, r.copies) })...)
-	t.row("relay: published, row lost with its commit", cells(func(r pgfoRun) string { return fmt.Sprint(r.phantoms) })...)
-	t.row("relay: per-key order faults", cells(func(r pgfoRun) string { return fmt.Sprint(r.orderFaults) })...)
+	t.row("relay: outbox rows / unpublished", cells(func(r pgfoRun) string { return fmt.Sprintf("%d / %d", r.relay.outboxRows, r.relay.unpublished) })...)
+	t.row("relay: distinct on topic / extra copies", cells(func(r pgfoRun) string { return fmt.Sprintf("%d / %d", r.relay.published, r.relay.copies) })...)
+	t.row("relay: published, row lost with its commit", cells(func(r pgfoRun) string { return fmt.Sprint(r.relay.phantoms) })...)
+	t.row("relay: per-key order faults", cells(func(r pgfoRun) string { return fmt.Sprint(r.relay.orderFaults) })...)
 	t.row("duplicate effects (all consumers)", cells(func(r pgfoRun) string { return fmt.Sprint(r.duplicateEffects()) })...)
 	t.row("lost (messages without effect, rows unpublished)", cells(func(r pgfoRun) string { return fmt.Sprint(r.lost()) })...)
 	t.row("exactly-once", cells(func(r pgfoRun) string {
-		if r.duplicateEffects() == 0 && r.lost() == 0 && r.orderFaults == 0 && r.phantoms == 0 {
+		if r.duplicateEffects() == 0 && r.lost() == 0 && r.relay.orderFaults == 0 && r.relay.phantoms == 0 {
 			return "held"
 		}
 		if r.replication == "async" {
