@@ -84,6 +84,47 @@ DRILL_ARGS ?=
 drill-rocketmq: services-up ## RocketMQ SIGKILL backlog drill, push vs pull: N messages, 2 consumer processes, K kills, graceful stop; prints deliveries/message, duplicates, lag (DRILL_MESSAGES, DRILL_KILLS)
 	$(ENV); $(GO) run ./examples/rocketmq-drill run $(DRILL_ARGS)
 
+# The topology drills (integration/cmd/drill, scripts/topology/): each starts its topology from
+# Debian packages and the broker jars, runs its faults while messages flow, checks exactly-once
+# from durable state, prints a summary table and stops what it started. Not part of `make test`;
+# `make drill-smoke` runs a short one of each (CI does). DRILL_ARGS passes the drill's flags
+# (`cd integration && go run ./cmd/drill NAME -h`).
+DRILL := cd integration && $(GO) run ./cmd/drill
+
+.PHONY: drill-pg-failover
+drill-pg-failover: ## Postgres primary + streaming standby (sync, then async) on 127.0.0.1:5441/5442: the primary SIGKILLed and the standby promoted while atomic, batched and lease consumers and the relay run; duplicates, lost, order, recovery time
+	bash $(SERVICES) up kafka
+	$(ENV); $(DRILL) pg-failover $(DRILL_ARGS)
+
+.PHONY: drill-clock-skew
+drill-clock-skew: ## two workers built with wall clocks 5 minutes apart (go build -overlay) share lease records, consumption records and HTTP keys on Postgres: takeover, expiry and purge follow the database clock
+	bash $(SERVICES) up postgres
+	$(ENV); $(DRILL) clock-skew $(DRILL_ARGS)
+
+.PHONY: drill-redis-failover
+drill-redis-failover: ## Redis master + replica + 3 Sentinels on 127.0.0.1:6391/6392, 26391-26393: the master SIGKILLed (replica stopped first) under the fast path, the Redis-only store and submit tokens; duplicates, lost records, recovery time
+	bash $(SERVICES) up postgres kafka
+	$(ENV); $(DRILL) redis-failover $(DRILL_ARGS)
+
+.PHONY: drill-kafka-cluster
+drill-kafka-cluster: ## three KRaft brokers on 127.0.0.1:19092-19094 (RF 3, min.insync.replicas 2): partition leaders SIGKILLed and restarted, partitions added (kafka-topics) and offsets reset to earliest (kafka-consumer-groups) while a group of two consumes and the relay publishes; duplicates, lost, order, offsets never backwards, recovery per kill
+	bash $(SERVICES) up postgres
+	$(ENV); $(DRILL) kafka-cluster $(DRILL_ARGS)
+
+.PHONY: drill-partition
+drill-partition: ## the consumer, the relay and the HTTP middleware reach Postgres through toxiproxy (in-process): latency, a cut, a black hole, a slow close while they work; recovery per fault, duplicates, lost, order
+	bash $(SERVICES) up postgres kafka
+	$(ENV); $(DRILL) partition $(DRILL_ARGS)
+
+.PHONY: drill-smoke
+drill-smoke: ## a short run of every topology drill (.ci/run runs it before `make test`)
+	bash $(SERVICES) up postgres kafka
+	$(ENV); $(DRILL) pg-failover -messages 600 -settle 5s
+	$(ENV); $(DRILL) clock-skew
+	$(ENV); $(DRILL) partition -messages 600 -requests 80 -window 2s
+	$(ENV); $(DRILL) redis-failover -messages 400 -tokens 600 -settle 2s
+	$(ENV); $(DRILL) kafka-cluster -kills 1 -rate 30 -settle 2s
+
 # `make bench` is the proof of idemq's throughput: integration/cmd/benchreport measures, in one run,
 # the rooflines (pgbench on tables of idemq's row shapes, pg_test_fsync, raw kafka-go) and the same
 # workloads through idemq, prints the table with the ratios and the targets, and rewrites

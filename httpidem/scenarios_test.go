@@ -120,7 +120,7 @@ func TestInFlightWaitAnswersFromTheFirstOutcome(t *testing.T) {
 // of alice's K1 on POST /payments (the second request).
 func (e *env) waitForLockWaiter() {
 	e.t.Helper()
-	sum := sha256.Sum256([]byte(Scope(e.tenant, "alice", http.MethodPost, "POST /payments") + "\x00K1"))
+	sum := sha256.Sum256([]byte(dbSchema + ".consumption_records\x00" + Scope(e.tenant, "alice", http.MethodPost, "POST /payments") + "\x00K1"))
 	key := int64(binary.BigEndian.Uint64(sum[:8])) //nolint:gosec // the store's key: a hash, wrapping intended
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {

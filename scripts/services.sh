@@ -6,7 +6,8 @@
 #   postgres   Debian package `postgresql`; our own cluster in the cache    5432
 #   redis      Debian package `redis-server`                                6379
 #   kafka      Kafka 4.1.1 (KRaft, one node) from Maven Central jars        9092 (controller 9093),
-#                                                                           9094 SASL_SSL (SCRAM)
+#              (the broker and kafka-tools: kafka-topics, kafka-consumer-   9094 SASL_SSL (SCRAM)
+#              groups; see kafka_pom)
 #   rocketmq   RocketMQ 5.3.3 NameServer + broker from Maven Central jars   9876, 10911
 #   pgbouncer  Debian package `pgbouncer` in front of postgres:             6432
 #              pool_mode = transaction, default_pool_size = 4 (the tests that run idemq
@@ -638,6 +639,19 @@ rootLogger.appenderRef.out.ref = STDOUT
 EOF
 }
 
+# kafka_pom: the broker (kafka_2.13), Kafka's command-line tools (kafka-tools: TopicCommand,
+# ConsumerGroupCommand, ... the classes behind kafka-topics.sh and kafka-consumer-groups.sh,
+# the tools operators run) and the log4j2 that Kafka ships with.
+# scripts/topology/kafka.sh fetches the same set into its own folder.
+kafka_pom() {
+  pom_xml kafka-runtime "\
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-api</artifactId><version>$KAFKA_LOG4J_VERSION</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>$KAFKA_LOG4J_VERSION</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>$KAFKA_LOG4J_VERSION</version></dependency>"
+}
+
 up_kafka() {
   local pid rc=0
   mkdir -p "$KAFKA_DIR"
@@ -649,11 +663,7 @@ up_kafka() {
     kafka_reuse_check || fail /dev/null "the broker on 127.0.0.1:$KAFKA_PORT cannot be reused whole"
     return 0
   else
-    fetch_jars "$KAFKA_DIR" "$(pom_xml kafka-runtime "\
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$KAFKA_VERSION</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-api</artifactId><version>$KAFKA_LOG4J_VERSION</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>$KAFKA_LOG4J_VERSION</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>$KAFKA_LOG4J_VERSION</version></dependency>")"
+    fetch_jars "$KAFKA_DIR" "$(kafka_pom)"
     kafka_tls_material
     kafka_write_config
     rm -f "$KAFKA_DIR/sasl.ready"
@@ -777,6 +787,10 @@ broker_ready_or_kick() {
   return 1
 }
 
+# waitTimeMillsInSendQueue: a send that waited longer than this in the broker's queue is refused
+# with "[TIMEOUT_CLEAN_QUEUE]broker busy" (default 200 ms). On a 2-core machine kept busy by a
+# test run beside the demo, 200 ms of queueing happens: the demo's producer was refused once in 21
+# runs. 3 s keeps the broker's fast failure for a broker really stuck, not for a busy one.
 rmq_write_config() {
   mkdir -p "$RMQ_HOME/conf" "$RMQ_DIR/store"
   cat >"$RMQ_DIR/namesrv.conf" <<EOF
@@ -804,6 +818,7 @@ mappedFileSizeConsumeQueue=600000
 diskMaxUsedSpaceRatio=95
 messageDelayLevel=1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s
 registerNameServerPeriod=10000
+waitTimeMillsInSendQueue=3000
 EOF
 }
 
@@ -1117,6 +1132,10 @@ lock() {
   exec 9>"$CACHE/.lock"
   if command -v flock >/dev/null 2>&1; then flock 9; fi
 }
+
+# Sourced (scripts/topology/kafka.sh does, for kafka_pom, fetch_jars, find_java and the process
+# helpers): define everything above, run nothing.
+(return 0 2>/dev/null) && return 0
 
 cmd=${1:-}
 [[ $# -gt 0 ]] && shift

@@ -56,6 +56,11 @@
 // revoke hook and commits buffered messages of a revoked partition with the
 // new generation (segmentio/kafka-go#1398).
 //
+// Each partition reader handles its own transient errors (a broker down, a
+// leader moving): it logs them and backs off without holding up the
+// member's other partitions, and it fetches again as soon as kafka-go
+// reads a message for it (Source.Fetch, Config.FetchRetryMax).
+//
 // Partitions added to a consumed topic end the generation too, unless
 // Config.IgnorePartitionChanges: every member asks for the topics'
 // partition count every Reader.PartitionWatchInterval

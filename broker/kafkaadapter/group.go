@@ -407,10 +407,33 @@ func (s *Source) revoke(g *generation, claims []*claim) {
 	s.log.Info("idemq: kafka generation ended; its partitions are given up", "group", s.cgc.ID, "generation", g.id, "partitions", len(claims))
 }
 
+// partitionReader is what readPartition uses of a *kafka.Reader (a fake in
+// tests: Source.newReader).
+type partitionReader interface {
+	SetOffset(offset int64) error
+	FetchMessage(ctx context.Context) (kafka.Message, error)
+	Stats() kafka.ReaderStats
+	Close() error
+}
+
+// newKafkaReader is Source.newReader outside tests.
+func newKafkaReader(rc kafka.ReaderConfig) partitionReader { return kafka.NewReader(rc) }
+
 // readPartition reads c's partition into s.msgs until c is revoked.
+//
+// A retriable error (fetchRetriable) stays here, so it holds up no other
+// partition: it is logged with the partition, and the reader backs off,
+// 100ms doubling up to FetchRetryMax, before it reports another error.
+// kafka-go's reader retries on its own meanwhile (ReadBackoffMin to
+// ReadBackoffMax) and queues an error per failed attempt, so the reader
+// keeps taking what it queues while it backs off: a message ends the
+// backoff at once, and errors read during it are counted in the next
+// warning (or in the info line when the partition reads again) instead of
+// each waiting a longer backoff. A message resets the backoff to 100ms.
+// Other errors go to Fetch.
 func (s *Source) readPartition(c *claim) {
 	defer s.wg.Done()
-	r := kafka.NewReader(partitionConfig(s.rc, c.tp))
+	r := s.newReader(partitionConfig(s.rc, c.tp))
 	s.mu.Lock()
 	s.readers[c] = r
 	s.mu.Unlock()
@@ -424,10 +447,49 @@ func (s *Source) readPartition(c *claim) {
 	if err := r.SetOffset(c.start); err != nil {
 		return
 	}
+	b := s.fetchBackoff()
+	var (
+		until   time.Time // the end of the backoff in progress, zero when none
+		failing time.Time // the first error since the last message, zero when none
+		errs    int       // errors since the last message
+		unsaid  int       // errors read during backoffs, not logged yet
+	)
 	for {
-		m, err := r.FetchMessage(c.ctx)
+		ctx, cancel := c.ctx, context.CancelFunc(func() {})
+		if !until.IsZero() {
+			ctx, cancel = context.WithDeadline(c.ctx, until)
+		}
+		m, err := r.FetchMessage(ctx)
+		waited := !until.IsZero() && errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil
+		cancel()
 		if c.ctx.Err() != nil {
 			return
+		}
+		switch {
+		case err == nil:
+			if errs > 0 {
+				s.log.Info("idemq: kafka fetch recovered", "topic", c.tp.topic, "partition", c.tp.partition,
+					"errors", errs, "failing_for", time.Since(failing))
+			}
+			b.Reset()
+			until, failing, errs, unsaid = time.Time{}, time.Time{}, 0, 0
+		case waited: // the backoff is over; the next error is reported
+			until = time.Time{}
+			continue
+		case fetchRetriable(err):
+			if errs == 0 {
+				failing = time.Now()
+			}
+			errs++
+			if !until.IsZero() {
+				unsaid++
+				continue
+			}
+			wait := b.NextBackOff()
+			s.log.Warn("idemq: kafka fetch failed; fetching again", "topic", c.tp.topic, "partition", c.tp.partition,
+				"err", err, "retry_in", wait, "errors_unlogged", unsaid)
+			until, unsaid = time.Now().Add(wait), 0
+			continue
 		}
 		select {
 		case s.msgs <- fetched{m: m, c: c, err: err}:

@@ -45,12 +45,16 @@ type Config struct {
 	// wire.MessageIDHeader (message-id), the header idemq's outbox relay
 	// writes.
 	MessageIDHeader string
-	// FetchRetryMax caps the wait between fetch attempts after a transient
-	// error (see Source.Fetch); waits start at 100ms and double. Default
+	// FetchRetryMax caps the backoff after a transient fetch error (see
+	// Source.Fetch): 100ms doubling, per partition for a partition
+	// reader's errors (a message read ends it at once and resets it), and
+	// for the group's errors in Fetch (reset by a message read). Default
 	// 30s; it must not be negative.
 	FetchRetryMax time.Duration
-	// Logger receives a warning for each transient fetch error and an info
-	// line per generation joined and given up. Default slog.Default().
+	// Logger receives a warning per transient fetch error read while no
+	// backoff is in progress (with the topic and partition for a partition
+	// reader's), an info line when a failing partition reads again and one
+	// per generation joined and given up. Default slog.Default().
 	Logger *slog.Logger
 	// RedeliveryHorizon, when set, is what Source.RedeliveryHorizon returns
 	// without asking the broker: the operator's statement of how far back
@@ -105,6 +109,9 @@ type Source struct {
 	// fetch returns the next message read for a claim, or an error of a
 	// partition reader or of the group; s.receive, replaced in tests.
 	fetch func(context.Context) (kafka.Message, *claim, error)
+	// newReader builds a claim's partition reader: newKafkaReader, replaced
+	// in tests.
+	newReader func(kafka.ReaderConfig) partitionReader
 	// watch is set unless Config.IgnorePartitionChanges: serve ends a
 	// generation when the partition count of a consumed topic changes,
 	// checked every watchEvery with counts (s.readPartitionCounts, replaced
@@ -123,14 +130,14 @@ type Source struct {
 	started    bool
 	closed     bool
 	cg         *kafka.ConsumerGroup
-	flush      func(context.Context)     // consumer.Revocable.OnRevoke
-	owned      map[topicPartition]*claim // partitions owned in the generation in hand
-	completed  map[topicPartition]int64  // per partition, the highest offset Commit was given
-	readers    map[*claim]*kafka.Reader  // live partition readers
-	stats      Stats                     // the cumulative counters
-	retired    kafka.ReaderStats         // stats of the readers stopped since the last Stats call
-	rebalances int64                     // generations joined since the last Stats call
-	genID      int32                     // the generation in hand, -1 when none
+	flush      func(context.Context)      // consumer.Revocable.OnRevoke
+	owned      map[topicPartition]*claim  // partitions owned in the generation in hand
+	completed  map[topicPartition]int64   // per partition, the highest offset Commit was given
+	readers    map[*claim]partitionReader // live partition readers
+	stats      Stats                      // the cumulative counters
+	retired    kafka.ReaderStats          // stats of the readers stopped since the last Stats call
+	rebalances int64                      // generations joined since the last Stats call
+	genID      int32                      // the generation in hand, -1 when none
 	// base is the partition count per consumed topic read before this
 	// member (re)joined the group, for the next generation's watch; nil
 	// when it could not be read (the generation reads its own).
@@ -181,7 +188,7 @@ func NewSource(cfg Config) (*Source, error) {
 		retryMax: cmp.Or(cfg.FetchRetryMax, 30*time.Second), log: cfg.Logger,
 		horizon: cfg.RedeliveryHorizon, admin: kafkasec.TransportFromDialer(rc.Dialer),
 		msgs: make(chan fetched), owned: map[topicPartition]*claim{}, completed: map[topicPartition]int64{},
-		readers: map[*claim]*kafka.Reader{}, genID: -1}
+		readers: map[*claim]partitionReader{}, newReader: newKafkaReader, genID: -1}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -235,15 +242,26 @@ func (s *Source) RedeliveryHorizon(ctx context.Context) (time.Duration, error) {
 // the partition readers report read errors and, after
 // ReaderConfig.MaxAttempts failed connection attempts, the connection
 // error; the group reports join and sync errors (a rebalance in progress, a
-// coordinator moving). So Fetch logs such errors (Logger, warning) and reads
-// again after a backoff of 100ms doubling up to FetchRetryMax, and a broker
-// restart or a leader move does not stop the consumer. It returns ctx's
-// error when ctx ends, io.EOF once the Source is closed, and at once a Kafka
-// error a retry cannot fix (authorization, authentication, unsupported
-// version, invalid group, topic or session timeout) or an error that is
-// neither a Kafka error nor a network error; a refused SASL login or a TLS
-// failure is wrapped by kafkasec.Explain (kafkasec.ErrAuthentication,
-// kafkasec.ErrSecurityMismatch).
+// coordinator moving). So such errors are logged (Logger, warning) and
+// reading goes on after a backoff of 100ms doubling up to FetchRetryMax,
+// and a broker restart or a leader move does not stop the consumer:
+//
+//   - A partition reader's error is handled by that partition alone: the
+//     other partitions are read and fetched meanwhile. While it backs off,
+//     the partition still takes what kafka-go read: a message ends the
+//     backoff at once (errors kafka-go queued while a broker was down do
+//     not each wait a backoff), and further errors are counted in the next
+//     warning. A message read resets its backoff to 100ms.
+//   - A group error reaches Fetch, which waits its own backoff (kafka-go
+//     reports them between generations, when no partition is read); a
+//     message read resets it.
+//
+// It returns ctx's error when ctx ends, io.EOF once the Source is closed,
+// and at once a Kafka error a retry cannot fix (authorization,
+// authentication, unsupported version, invalid group, topic or session
+// timeout) or an error that is neither a Kafka error nor a network error; a
+// refused SASL login or a TLS failure is wrapped by kafkasec.Explain
+// (kafkasec.ErrAuthentication, kafkasec.ErrSecurityMismatch).
 func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
 	if err := s.start(ctx); err != nil {
 		return consumer.Delivery{}, err
@@ -252,6 +270,9 @@ func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
 	for {
 		m, c, err := s.fetch(ctx)
 		if err == nil {
+			if b != nil {
+				b.Reset() // a message was read: the next error waits 100ms again
+			}
 			if d, ok := s.deliver(m, c); ok {
 				return d, nil
 			}
@@ -270,9 +291,7 @@ func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
 			return consumer.Delivery{}, err
 		}
 		if b == nil {
-			b = &backoff.ExponentialBackOff{InitialInterval: min(100*time.Millisecond, s.retryMax), RandomizationFactor: 0.2,
-				Multiplier: 2, MaxInterval: s.retryMax}
-			b.Reset()
+			b = s.fetchBackoff()
 		}
 		wait := b.NextBackOff()
 		s.log.Warn("idemq: kafka fetch failed; fetching again", "err", err, "retry_in", wait)
@@ -284,6 +303,15 @@ func (s *Source) Fetch(ctx context.Context) (consumer.Delivery, error) {
 		case <-t.C:
 		}
 	}
+}
+
+// fetchBackoff is the backoff after a retriable fetch error: 100ms (or
+// FetchRetryMax when shorter) doubling up to FetchRetryMax, ±20% jitter.
+func (s *Source) fetchBackoff() *backoff.ExponentialBackOff {
+	b := &backoff.ExponentialBackOff{InitialInterval: min(100*time.Millisecond, s.retryMax), RandomizationFactor: 0.2,
+		Multiplier: 2, MaxInterval: s.retryMax}
+	b.Reset()
+	return b
 }
 
 // fetchRetriable reports whether FetchMessage may succeed if called again:

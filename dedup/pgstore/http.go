@@ -445,7 +445,7 @@ func (h *HTTPStore) read(ctx context.Context, tx pgx.Tx, rowID int64) (httpStore
 // cap.
 func (h *HTTPStore) lockKey(ctx context.Context, tx pgx.Tx, req HTTPRequest) (held bool, unfinished int, err error) {
 	id := req.Message.Identity
-	key := httpKeyLock(id)
+	key := httpKeyLock(h.s.cfg.Schema+"."+h.s.cfg.RecordsTable, id)
 	b := &pgx.Batch{}
 	if req.LockWait > 0 {
 		b.Queue(h.keyLockSQL, key)
@@ -479,12 +479,17 @@ func (h *HTTPStore) lockKey(ctx context.Context, tx pgx.Tx, req HTTPRequest) (he
 	return held, unfinished, nil
 }
 
-// httpKeyLock is the advisory lock key of an identity: the first 8 bytes
-// of SHA-256 over scope, NUL, message ID. Two identities share one with
-// probability 2^-64; they would then take turns, which costs a 409 and
-// a retry, never a wrong answer.
-func httpKeyLock(id dedup.Identity) int64 {
+// httpKeyLock is the advisory lock key of an identity in the records table
+// table (schema.table, unquoted): the first 8 bytes of SHA-256 over table,
+// NUL, scope, NUL, message ID. Advisory locks are database-wide, so the
+// table is part of the key: the same scope and key in another schema (a
+// second service, or tests running side by side) never passes for a request
+// in flight. Two identities share one with probability 2^-64; they would
+// then take turns, which costs a 409 and a retry, never a wrong answer.
+func httpKeyLock(table string, id dedup.Identity) int64 {
 	h := sha256.New()
+	h.Write([]byte(table))
+	h.Write([]byte{0})
 	h.Write([]byte(id.Scope))
 	h.Write([]byte{0})
 	h.Write([]byte(id.MessageID))

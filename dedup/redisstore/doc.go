@@ -61,6 +61,13 @@
 //   - Redis replication is asynchronous. A failover can lose the last writes
 //     of the old primary: a SUCCEEDED record the broker was already acked
 //     for can vanish, and a redelivered copy then runs the handler again.
+//     The window is what the primary acknowledged and had not yet sent its
+//     replica: its replication lag. make drill-redis-failover measures it
+//     on a Sentinel failover (docs/operations.md): no record lost with the
+//     replica streaming on loopback, 472 of 2000 with the replica stopped
+//     for at most 0.66s before the kill.
+//     The store has no option to WAIT for replicas before a completion
+//     returns.
 //     The same holds for a restart with appendfsync everysec (up to a second
 //     of writes) or without persistence (everything).
 //   - The handler's effects and the record are not one transaction. A

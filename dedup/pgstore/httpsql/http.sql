@@ -13,7 +13,9 @@ select set_config('lock_timeout', $1, true);
 
 -- name: http_key_lock
 -- One request per key at a time: a transaction-level advisory lock on $1,
--- 64 bits of SHA-256 over the record's scope and message ID, taken before
+-- 64 bits of SHA-256 over the records table, the scope and the message ID
+-- (advisory locks are database-wide: another schema's same key is another
+-- lock), taken before
 -- the claim and held until COMMIT or ROLLBACK. Waits at most the
 -- transaction's lock_timeout (http_lock_timeout); it is the only statement
 -- that runs under it, so an unrelated lock wait (a relation extension
