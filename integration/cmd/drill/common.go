@@ -1,10 +1,16 @@
 package main
 
 import (
+	"log/slog"
+
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
+	"github.com/idemq/idemq/outbox"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,4 +115,32 @@ func (t *table) print() {
 		}
 		fmt.Println()
 	}
+}
+
+// drillSetup is what the drills that consume and relay need on one schema:
+// the fingerprinter, the store (migrated) and the outbox (migrated).
+type drillSetup struct {
+	fp    *dedup.Fingerprinter
+	store *pgstore.Store
+	ob    *outbox.Outbox
+}
+
+// setupStoreOutbox builds and migrates a store (MaxAttempts maxAttempts)
+// and an outbox on schema, with a fingerprint secret named after the drill.
+func setupStoreOutbox(ctx context.Context, pool *pgxpool.Pool, drill, schema string, maxAttempts int, logger *slog.Logger) (drillSetup, error) {
+	var d drillSetup
+	var err error
+	if d.fp, err = dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "drill", Secret: []byte(drill + "-drill-secret-0123456789")}); err != nil {
+		return d, err
+	}
+	if d.store, err = pgstore.New(pool, pgstore.Config{Schema: schema, Fingerprinter: d.fp, MaxAttempts: maxAttempts, Logger: logger}); err != nil {
+		return d, err
+	}
+	if d.ob, err = outbox.New(pool, outbox.Config{Schema: schema}); err != nil {
+		return d, err
+	}
+	if err := d.store.Migrate(ctx); err != nil {
+		return d, err
+	}
+	return d, d.ob.Migrate(ctx)
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/idemq/idemq/broker/kafkaadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/kafkapub"
 	"github.com/idemq/idemq/wire"
@@ -193,24 +192,11 @@ func kcRun(ctx context.Context, f kcFlags) (kcResult, error) {
 	if _, err := pool.Exec(ctx, `drop schema if exists `+s+` cascade`); err != nil {
 		return res, err
 	}
-	fp, err := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "drill", Secret: []byte("kafka-cluster-drill-secret-0123456789")})
+	setup, err := setupStoreOutbox(ctx, pool, "kafka-cluster", kcSchema, 5, logger)
 	if err != nil {
 		return res, err
 	}
-	store, err := pgstore.New(pool, pgstore.Config{Schema: kcSchema, Fingerprinter: fp, MaxAttempts: 5, Logger: logger})
-	if err != nil {
-		return res, err
-	}
-	ob, err := outbox.New(pool, outbox.Config{Schema: kcSchema})
-	if err != nil {
-		return res, err
-	}
-	if err := store.Migrate(ctx); err != nil {
-		return res, err
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		return res, err
-	}
+	store, ob := setup.store, setup.ob
 	// No unique constraint: a second effect of a message is a second row.
 	if _, err := pool.Exec(ctx, `create table `+s+`.effects (n bigint generated always as identity primary key,
 member int not null, message_id text not null, at timestamptz not null default clock_timestamp())`); err != nil {

@@ -19,7 +19,6 @@ import (
 	"github.com/idemq/idemq/broker/kafkaadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/httpidem"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/kafkapub"
@@ -95,24 +94,11 @@ func runPartition(ctx context.Context, args []string) error {
 	}()
 	s := pgx.Identifier{schema}.Sanitize()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	fp, err := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "drill", Secret: []byte("partition-drill-secret-0123456789")})
+	setup, err := setupStoreOutbox(ctx, pool, "partition", schema, 10, logger)
 	if err != nil {
 		return err
 	}
-	store, err := pgstore.New(pool, pgstore.Config{Schema: schema, Fingerprinter: fp, MaxAttempts: 10, Logger: logger})
-	if err != nil {
-		return err
-	}
-	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
-	if err != nil {
-		return err
-	}
-	if err := store.Migrate(ctx); err != nil {
-		return err
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		return err
-	}
+	fp, store, ob := setup.fp, setup.store, setup.ob
 	if _, err := direct.Exec(ctx, `create table `+s+`.effects (n bigint generated always as identity primary key, source text not null, id text not null)`); err != nil {
 		return err
 	}

@@ -165,24 +165,11 @@ func pgfoOnce(ctx context.Context, repl string, f pgfoFlags) (pgfoRun, error) {
 
 	sfx := suffix()
 	in, out := "drill-pgfo-"+sfx, "drill-pgfo-out-"+sfx
-	fp, err := dedup.NewFingerprinter(nil, dedup.FingerprintKey{ID: "drill", Secret: []byte("pg-failover-drill-secret-0123456789")})
+	setup, err := setupStoreOutbox(ctx, pool, "pg-failover", pgfoSchema, 5, logger)
 	if err != nil {
 		return res, err
 	}
-	store, err := pgstore.New(pool, pgstore.Config{Schema: pgfoSchema, Fingerprinter: fp, MaxAttempts: 5, Logger: logger})
-	if err != nil {
-		return res, err
-	}
-	ob, err := outbox.New(pool, outbox.Config{Schema: pgfoSchema})
-	if err != nil {
-		return res, err
-	}
-	if err := store.Migrate(ctx); err != nil {
-		return res, err
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		return res, err
-	}
+	store, ob := setup.store, setup.ob
 	s := pgx.Identifier{pgfoSchema}.Sanitize()
 	if _, err := pool.Exec(ctx, `
 create table `+s+`.effects (n bigint generated always as identity primary key, mode text not null, message_id text not null);
