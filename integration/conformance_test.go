@@ -177,7 +177,7 @@ func newRocketTopicReader(t testing.TB, ns []string, topic string) *rocketTopicR
 	if err := pc.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = pc.Shutdown() })
+	t.Cleanup(func() { _ = shutdownRocketPush(pc) })
 	return r
 }
 

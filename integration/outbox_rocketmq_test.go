@@ -108,7 +108,7 @@ func TestRelayRocketMQ(t *testing.T) {
 	if err := pc.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = pc.Shutdown() })
+	t.Cleanup(func() { _ = shutdownRocketPush(pc) })
 
 	pub, err := rocketmqpub.New(rocketmqpub.Config{NameServers: ns, InstanceName: randomName("ob-rmq-relay-")})
 	if err != nil {

@@ -1066,3 +1066,14 @@ func TestRocketMQLastCopyRetriedInPlace(t *testing.T) {
 		t.Fatalf("record %+v, calls %d; want SUCCEEDED after 3 attempts", rec, calls.Load())
 	}
 }
+
+// shutdownRocketPush shuts a rocketmq-client-go push consumer down the way
+// rocketmqadapter.PushConsumer.Shutdown does: suspended first, so that a
+// rebalance the broker triggers (another group member leaving, often a
+// parallel test's) skips it instead of racing the flag the client's Shutdown
+// writes without a lock (a data race inside rocketmq-client-go, which fails
+// every test running at the time under -race).
+func shutdownRocketPush(pc rocketmq.PushConsumer) error {
+	pc.Suspend()
+	return pc.Shutdown()
+}
