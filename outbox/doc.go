@@ -83,7 +83,12 @@
 // Within a batch, a ChainPublisher (both provided publishers are) gets each
 // key's rows as one chain and never stores a later row of a chain unless the
 // earlier ones are stored; any other Publisher gets rounds of at most one row
-// per key, a key's next row only after the previous one was acknowledged.
+// per key, a key's next row only after the previous one was acknowledged,
+// and before each round after the first the relay checks (one statement on
+// the claim transaction) that its claim still stands: a claim lost while a
+// round was out (the backend terminated, a restart or a failover) ends the
+// batch there, as a lost batch, so the relay does not go on publishing rows
+// another relay may have claimed by then.
 // With republishes, consumers see the first copy of every row in order. Rows
 // without a key have no order. Two transactions writing rows of one key are
 // serialized: Add takes a transaction-level advisory lock per (topic, key),

@@ -473,8 +473,11 @@ func chainKey(topic string, key []byte) string { return topic + "\x00" + string(
 // any other Publisher gets rounds: round k sends the k-th row of every chain
 // whose earlier rows were all acknowledged, so one call never holds two rows
 // of a key, and a key's row is sent only after its previous row was
-// acknowledged.
-func publishChains(ctx context.Context, pub Publisher, chains [][]item, timeout time.Duration) (published []item, failed []failure) {
+// acknowledged. Before each round after the first, claimHolds (when not nil)
+// checks that the claim still stands; when it does not (the claim
+// transaction's connection is gone, so another relay may claim the rows),
+// no further round is sent and the rows not sent are in neither result.
+func publishChains(ctx context.Context, pub Publisher, chains [][]item, timeout time.Duration, claimHolds func() error) (published []item, failed []failure) {
 	if cp, ok := pub.(ChainPublisher); ok {
 		return publishChainsAtOnce(ctx, cp, chains, timeout)
 	}
@@ -486,7 +489,10 @@ func publishChains(ctx context.Context, pub Publisher, chains [][]item, timeout 
 		}
 	}
 	batch := make([]Envelope, 0, len(active))
-	for len(active) > 0 && ctx.Err() == nil {
+	for round := 0; len(active) > 0 && ctx.Err() == nil; round++ {
+		if round > 0 && claimHolds != nil && claimHolds() != nil {
+			break // the mark fails on the same connection and the batch counts as lost
+		}
 		batch = batch[:0]
 		for _, c := range active {
 			batch = append(batch, chains[c][pos[c]].env)

@@ -50,7 +50,17 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	r.claimed.Add(int64(res.Claimed))
 
 	spans := r.startSendSpans(ctx, chains)
-	published, failed := publishChains(ctx, r.pub, chains, r.cfg.PublishTimeout)
+	published, failed := publishChains(ctx, r.pub, chains, r.cfg.PublishTimeout, func() error {
+		// One round trip on the claim transaction between rounds: a claim
+		// lost while a round was out (its backend terminated, Postgres
+		// restarted) frees the rows for other relays, and publishing more
+		// of them would race their publishes. Not canceled with ctx: a
+		// graceful stop still marks what was published.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		defer cancel()
+		_, err := conn.Exec(cctx, "select 1")
+		return err
+	})
 	spans.end(published, failed)
 	failed, unavailable := splitUnavailable(failed)
 	res.Unavailable = len(unavailable)

@@ -58,7 +58,7 @@ func TestPublishChainsRoundsKeepKeyOrder(t *testing.T) {
 		{env("t", "", 6)},
 	}
 	r := &recorder{}
-	pub, failed := publishChains(context.Background(), r, chains, time.Second)
+	pub, failed := publishChains(context.Background(), r, chains, time.Second, nil)
 	if len(failed) != 0 || len(pub) != 6 {
 		t.Fatalf("published %d failed %d", len(pub), len(failed))
 	}
@@ -79,7 +79,7 @@ func TestPublishChainsFailureStopsItsKeyOnly(t *testing.T) {
 		}
 		return nil
 	}}
-	pub, failed := publishChains(context.Background(), r, chains, time.Second)
+	pub, failed := publishChains(context.Background(), r, chains, time.Second, nil)
 	var got []string
 	for _, it := range pub {
 		got = append(got, string(it.env.Payload))
@@ -100,13 +100,13 @@ func TestPublishChainsWholeBatchErrorAndPanic(t *testing.T) {
 	chains := [][]item{{env("t", "a", 1), env("t", "a", 2)}, {env("t", "b", 3)}}
 	pub, failed := publishChains(context.Background(), PublisherFunc(func(context.Context, []Envelope) error {
 		return errors.New("connection refused")
-	}), chains, time.Second)
+	}), chains, time.Second, nil)
 	if len(pub) != 0 || len(failed) != 2 {
 		t.Fatalf("published %d failed %d, want 0 and 2 (the heads)", len(pub), len(failed))
 	}
 	pub, failed = publishChains(context.Background(), PublisherFunc(func(context.Context, []Envelope) error {
 		panic("boom")
-	}), chains, time.Second)
+	}), chains, time.Second, nil)
 	if len(pub) != 0 || len(failed) != 2 || !strings.Contains(failed[0].err.Error(), "panic: boom") {
 		t.Fatalf("panic: published %d failed %+v", len(pub), failed)
 	}
@@ -123,7 +123,7 @@ func TestPublishChainsShutdownIsNotAnAttempt(t *testing.T) {
 			return ctx.Err()
 		}
 		return nil
-	}), chains, time.Second)
+	}), chains, time.Second, nil)
 	if len(pub) != 1 || len(failed) != 0 {
 		t.Fatalf("published %d failed %d, want 1 and 0", len(pub), len(failed))
 	}
@@ -134,7 +134,7 @@ func TestPublishChainsTimeoutIsAFailure(t *testing.T) {
 	pub, failed := publishChains(context.Background(), PublisherFunc(func(ctx context.Context, _ []Envelope) error {
 		<-ctx.Done()
 		return ctx.Err()
-	}), chains, 20*time.Millisecond)
+	}), chains, 20*time.Millisecond, nil)
 	if len(pub) != 0 || len(failed) != 1 || !errors.Is(failed[0].err, context.DeadlineExceeded) {
 		t.Fatalf("published %d failed %+v", len(pub), failed)
 	}
@@ -382,7 +382,7 @@ func TestPublishChainsUsesChainPublisher(t *testing.T) {
 		}
 		return []ChainResult{{Acked: 1, Err: errors.New("timeout")}, {Acked: 2}, {Acked: 0, Err: errors.New("no leader")}}
 	}}
-	pub, failed := publishChains(context.Background(), cp, chains, time.Second)
+	pub, failed := publishChains(context.Background(), cp, chains, time.Second, nil)
 	var got []string
 	for _, it := range pub {
 		got = append(got, string(it.env.Payload))
@@ -395,16 +395,16 @@ func TestPublishChainsUsesChainPublisher(t *testing.T) {
 	}
 	// Malformed results and panics fail every chain.
 	bad := chainPub{res: func([][]Envelope) []ChainResult { return nil }}
-	if pub, failed := publishChains(context.Background(), bad, chains, time.Second); len(pub) != 0 || len(failed) != 3 {
+	if pub, failed := publishChains(context.Background(), bad, chains, time.Second, nil); len(pub) != 0 || len(failed) != 3 {
 		t.Fatalf("malformed: %d %d", len(pub), len(failed))
 	}
 	boom := chainPub{res: func([][]Envelope) []ChainResult { panic("boom") }}
-	if pub, failed := publishChains(context.Background(), boom, chains, time.Second); len(pub) != 0 || len(failed) != 3 {
+	if pub, failed := publishChains(context.Background(), boom, chains, time.Second, nil); len(pub) != 0 || len(failed) != 3 {
 		t.Fatalf("panic: %d %d", len(pub), len(failed))
 	}
 	// An acked prefix without an error still fails the next row.
 	silent := chainPub{res: func([][]Envelope) []ChainResult { return []ChainResult{{Acked: 1}, {Acked: 2}, {Acked: 1}} }}
-	if _, failed := publishChains(context.Background(), silent, chains, time.Second); len(failed) != 1 || failed[0].err == nil {
+	if _, failed := publishChains(context.Background(), silent, chains, time.Second, nil); len(failed) != 1 || failed[0].err == nil {
 		t.Fatalf("silent partial: %+v", failed)
 	}
 }

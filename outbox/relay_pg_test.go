@@ -309,3 +309,55 @@ func subtree(lines []string, node string) []string {
 	}
 	return nil
 }
+
+// A relay publishing in rounds (a plain Publisher) whose claim transaction
+// is lost while a round is out (its backend terminated, as a Postgres
+// restart or failover would) sends no further round: the rows are free for
+// another relay to claim, and publishing more of them would race its
+// publishes (S16, two relays). The batch counts as lost and every row stays
+// unpublished, to be published again with the same message IDs.
+func TestRelayRoundsStopWhenClaimLost(t *testing.T) {
+	ob, ctx := pgOutbox(t)
+	addKeyed(t, ctx, ob, 12, 3) // 3 keys, 4 rows each: 4 rounds
+	traced, sc := tracedOutbox(t, ctx, ob)
+	var pid uint32
+	conn, err := traced.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid = conn.Conn().PgConn().PID() // the pool's one connection: the claim's
+	conn.Release()
+	var calls, rows atomic.Int64
+	pub := PublisherFunc(func(ctx context.Context, batch []Envelope) error {
+		if calls.Add(1) == 1 {
+			var ok bool
+			if err := ob.pool.QueryRow(ctx, "select pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+				t.Errorf("terminate the claim's backend %d: %v, %v", pid, ok, err)
+			}
+		}
+		rows.Add(int64(len(batch)))
+		return nil
+	})
+	r, err := NewRelay(traced, pub, RelayConfig{Name: "lost", DisablePurge: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.reset()
+	res, err := r.RunOnce(ctx)
+	if err == nil {
+		t.Fatalf("RunOnce = %+v, nil; want the lost claim's error", res)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("Publish called %d times (%d rows) after the claim was lost in round 1; want 1: no round after the loss", n, rows.Load())
+	}
+	if st := r.Stats(); st.DBErrors != 1 || st.Published != 0 {
+		t.Fatalf("stats %+v, want one lost batch and nothing marked", st)
+	}
+	var unpublished int64
+	if err := ob.pool.QueryRow(ctx, "select count(*) from "+ob.q.table+" where published_at is null").Scan(&unpublished); err != nil {
+		t.Fatal(err)
+	}
+	if unpublished != 12 {
+		t.Fatalf("%d rows unpublished after the lost claim, want 12", unpublished)
+	}
+}
