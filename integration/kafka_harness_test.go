@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -230,14 +231,36 @@ func (r *running) stop(t testing.TB) {
 // waiting for something to happen (see also wait_test.go).
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	eventuallyExplained(t, d, what, cond, nil)
+}
+
+// eventuallyExplained is eventually, and on a timeout the failure also says
+// what explain returns (the state a reader needs to tell why).
+func eventuallyExplained(t testing.TB, d time.Duration, what string, cond func() bool, explain func() string) {
+	t.Helper()
 	deadline := time.Now().Add(d)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
+			if explain != nil {
+				t.Fatalf("timed out after %s waiting for %s; %s", d, what, explain())
+			}
 			t.Fatalf("timed out after %s waiting for %s", d, what)
 		}
 		<-tick.C
+	}
+}
+
+// state says whether Run has returned, and its error, without taking it
+// from stop.
+func (r *running) state() string {
+	select {
+	case err := <-r.done:
+		r.done <- err
+		return fmt.Sprintf("consumer.Run returned %v", err)
+	default:
+		return "consumer.Run running"
 	}
 }
 

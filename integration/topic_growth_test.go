@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -203,7 +204,7 @@ func TestS30RocketMQQueuesAddedWhileConsuming(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startConsumer(t, consumer.Config{Scope: pullGroup, Store: e.store, Handler: pulled.handler()}, src)
+	run := startConsumer(t, consumer.Config{Scope: pullGroup, Store: e.store, Handler: pulled.handler()}, src)
 	// The push consumer as the README builds it.
 	c, err := consumer.New(consumer.Config{Scope: pushGroup, Store: e.store, Handler: pushed.handler()})
 	if err != nil {
@@ -242,8 +243,16 @@ func TestS30RocketMQQueuesAddedWhileConsuming(t *testing.T) {
 	succeeded := func(id string) bool {
 		return e.count(`select count(*) from `+e.table("consumption_records")+` where message_id = $1 and status = 'SUCCEEDED'`, id) == 2
 	}
-	eventually(t, 3*time.Minute, "shipment-q0 to be handled by the Source (pull group) and the push consumer", func() bool {
+	eventuallyExplained(t, 3*time.Minute, "shipment-q0 to be handled by the Source (pull group) and the push consumer", func() bool {
 		return succeeded("shipment-q0")
+	}, func() string {
+		var recs []string
+		for _, g := range []string{pullGroup, pushGroup} {
+			r, err := e.store.Lookup(e.ctx, g, "shipment-q0")
+			recs = append(recs, fmt.Sprintf("%s: %s after %d attempts (err %v)", g, r.Status, r.Attempts, err))
+		}
+		return fmt.Sprintf("sent to %s; handler calls: Source %d, push consumer %d; records %v; Source offsets %v; %s",
+			res.MessageQueue, pulled.callsFor("shipment-q0"), pushed.callsFor("shipment-q0"), recs, src.Offsets(), run.state())
 	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
