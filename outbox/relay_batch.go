@@ -23,20 +23,27 @@ const (
 	commitSQL = "commit"
 )
 
-// markTimeout bounds the marks and COMMIT of a batch, which run even when the
-// relay's context has ended (whatever was published is recorded, so a
-// graceful shutdown republishes nothing).
-const markTimeout = 30 * time.Second
+// detached returns a context with ctx's values, not canceled with it, and
+// bounded by StatementTimeout: for the marks, COMMIT and rollback of a
+// batch, which run even when the relay's context has ended (whatever was
+// published is recorded, so a graceful shutdown republishes nothing).
+func (r *Relay) detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StatementTimeout)
+}
 
 func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	var res BatchResult
-	conn, err := r.ob.pool.Acquire(ctx)
+	// The pool's dial and the claim, bounded by StatementTimeout.
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+	defer cancel()
+	conn, err := r.ob.pool.Acquire(cctx)
 	if err != nil {
 		return res, fmt.Errorf("idemq/outbox: begin: %w", err)
 	}
 	defer r.endTx(ctx, conn)
 
-	chains, err := r.claim(ctx, conn)
+	chains, err := r.claim(cctx, conn)
+	cancel()
 	if err != nil {
 		return res, err
 	}
@@ -56,7 +63,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 		// restarted) frees the rows for other relays, and publishing more
 		// of them would race their publishes. Not canceled with ctx: a
 		// graceful stop still marks what was published.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		cctx, cancel := r.detached(ctx)
 		defer cancel()
 		_, err := conn.Exec(cctx, "select 1")
 		return err
@@ -66,7 +73,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	res.Unavailable = len(unavailable)
 	r.unavailable.Add(int64(len(unavailable)))
 
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	mctx, cancel := r.detached(ctx)
 	defer cancel()
 	parkedIDs, retryIn, err := r.markAndCommit(mctx, conn, published, failed)
 	if err != nil {
@@ -92,7 +99,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 // if it is still not idle (the rollback failed, the connection broke).
 func (r *Relay) endTx(ctx context.Context, conn *pgxpool.Conn) {
 	if pc := conn.Conn().PgConn(); !pc.IsClosed() && pc.TxStatus() != 'I' {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		rctx, cancel := r.detached(ctx)
 		_, _ = conn.Exec(rctx, "rollback")
 		cancel()
 	}

@@ -65,6 +65,16 @@ type RelayConfig struct {
 	// one row per key). A publish that times out counts as failed. Default
 	// 30s; 100ms to 10m.
 	PublishTimeout time.Duration
+	// StatementTimeout bounds each of the relay's steps on Postgres: the
+	// claim (with its BEGIN and the pool's dial), the check of the claim
+	// between rounds, the marks with the COMMIT, and a rollback. The marks
+	// and a rollback run on a context detached from the relay's, so a
+	// graceful stop still records what was published. A connection that
+	// stops answering (a black hole, a frozen server) is detected within
+	// it: pgx closes the connection and the batch counts as lost (a
+	// DBError; its published rows are published again). Default 30s; 100ms
+	// to 1h.
+	StatementTimeout time.Duration
 	// RetryInitial is the delay before a row whose publish failed is tried
 	// again; it doubles with each further failure (±20% jitter) up to
 	// RetryMax. Default 1s; 1ms to RetryMax. The row's later rows (same
@@ -172,6 +182,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	def(&c.PollInterval, time.Second)
 	def(&c.FallbackPollInterval, min(time.Second, c.PollInterval))
 	def(&c.PublishTimeout, 30*time.Second)
+	def(&c.StatementTimeout, 30*time.Second)
 	def(&c.RetryInitial, time.Second)
 	def(&c.RetryMax, 5*time.Minute)
 	defInt(&c.MaxAttempts, 25)
@@ -212,6 +223,8 @@ func (c RelayConfig) validate() error {
 		return bad("FallbackPollInterval %s must be 10ms to PollInterval (%s)", c.FallbackPollInterval, c.PollInterval)
 	case c.PublishTimeout < 100*time.Millisecond || c.PublishTimeout > 10*time.Minute:
 		return bad("PublishTimeout %s must be 100ms to 10m", c.PublishTimeout)
+	case c.StatementTimeout < 100*time.Millisecond || c.StatementTimeout > time.Hour:
+		return bad("StatementTimeout %s must be 100ms to 1h", c.StatementTimeout)
 	case c.RetryInitial < time.Millisecond || c.RetryMax < c.RetryInitial || c.RetryMax > 24*time.Hour:
 		return bad("RetryInitial %s and RetryMax %s must satisfy 1ms <= RetryInitial <= RetryMax <= 24h", c.RetryInitial, c.RetryMax)
 	case c.MaxAttempts < 1 || c.MaxAttempts > 1_000_000:

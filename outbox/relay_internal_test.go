@@ -234,6 +234,7 @@ func TestConfigValidation(t *testing.T) {
 		{RelayConfig{BatchSize: -1}, "BatchSize"}, {RelayConfig{BatchSize: 10_001}, "BatchSize"},
 		{RelayConfig{Workers: 65}, "Workers"}, {RelayConfig{PollInterval: time.Millisecond}, "PollInterval"},
 		{RelayConfig{PublishTimeout: time.Millisecond}, "PublishTimeout"},
+		{RelayConfig{StatementTimeout: time.Millisecond}, "StatementTimeout"}, {RelayConfig{StatementTimeout: 2 * time.Hour}, "StatementTimeout"},
 		{RelayConfig{RetryInitial: time.Minute, RetryMax: time.Second}, "RetryMax"},
 		{RelayConfig{MaxAttempts: -1}, "MaxAttempts"}, {RelayConfig{MaxErrorBytes: 10}, "MaxErrorBytes"},
 		{RelayConfig{OutageBackoffInitial: time.Millisecond}, "OutageBackoffInitial"},

@@ -276,16 +276,21 @@ type soleFailure struct {
 // (retry the batch), or FailureHandler (a message made the batch fail: find
 // it). called[i] is set when the handler ran for msgs[i].
 func (s *Store) setTx(ctx context.Context, msgs []*dedup.Message, fps []batchFP, w batchWork, called []bool, sole **soleFailure) ([]dedup.Result, dedup.FailureClass, error) {
-	tx, err := s.pool.BeginTx(ctx, s.cfg.TxOptions)
+	// BEGIN and the claim are idemq's own steps: bounded by
+	// StatementTimeout, the handlers between them by their own contexts.
+	cctx, cancel := s.bound(ctx)
+	defer cancel()
+	tx, err := s.pool.BeginTx(cctx, s.cfg.TxOptions)
 	if err != nil {
 		return nil, ownFailureClass(err), wrapUnknown(fmt.Errorf("idemq: begin batch: %w", err))
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer s.rollback(ctx, tx)
 
 	r := &setRun{s: s, tx: tx, msgs: msgs, fps: fps, called: called, results: make([]dedup.Result, len(msgs)), stop: len(msgs)}
-	if r.claim, err = s.claimSet(ctx, tx, msgs, fps, w.h != nil); err != nil {
+	if r.claim, err = s.claimSet(cctx, tx, msgs, fps, w.h != nil); err != nil {
 		return nil, ownFailureClass(err), wrapUnknown(err)
 	}
+	cancel()
 	r.held, r.fresh = r.claim.savepoints, r.claim.savepoints
 	var class dedup.FailureClass
 	if w.h != nil {
@@ -297,10 +302,12 @@ func (s *Store) setTx(ctx context.Context, msgs []*dedup.Message, fps []batchFP,
 		*sole = r.sole
 		return nil, class, err
 	}
-	if err := r.unclaimAfterStop(ctx); err != nil {
+	cctx, cancel = s.bound(ctx)
+	defer cancel()
+	if err := r.unclaimAfterStop(cctx); err != nil {
 		return nil, ownFailureClass(err), wrapUnknown(err)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.Commit(cctx); err != nil {
 		class := commitFailureClass(err)
 		if class == dedup.FailureOutcomeUnknown {
 			return nil, class, fmt.Errorf("%w: batch commit: %w", dedup.ErrOutcomeUnknown, err)

@@ -42,6 +42,17 @@ type Config struct {
 	// MaxErrorBytes bounds last_error and dead-letter error text, in bytes.
 	// Default 2048; at least 64.
 	MaxErrorBytes int
+	// StatementTimeout bounds each of idemq's own steps on Postgres (the
+	// claim with its BEGIN, a mark, the COMMIT, a rollback, a failure mark
+	// in its own transaction, a lease's take, heartbeat and final mark), on
+	// the caller's context when it has none sooner, and on a context
+	// detached from it for the writes that must land during a shutdown. A
+	// connection that stops answering (a black hole, a frozen server) is
+	// detected within it: pgx closes the connection and the step fails
+	// (outcome unknown, redelivered). The handler's own statements are not
+	// bounded by it (see consumer.Config.MaxHandlerDuration). Default 30s;
+	// 100ms to 1h.
+	StatementTimeout time.Duration
 	// SucceededRetention is how long a SUCCEEDED record is kept (expires_at =
 	// database now() + this). Default 7 days. It must be at least the broker's
 	// redelivery horizon; see ValidateRetention.
@@ -114,6 +125,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxErrorBytes == 0 {
 		c.MaxErrorBytes = 2048
 	}
+	if c.StatementTimeout == 0 {
+		c.StatementTimeout = DefaultStatementTimeout
+	}
 	if c.SucceededRetention == 0 {
 		c.SucceededRetention = 7 * 24 * time.Hour
 	}
@@ -146,6 +160,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: MaxAttempts %d must be 1 to 1000", dedup.ErrInvalidConfig, c.MaxAttempts)
 	case c.MaxErrorBytes < 64:
 		return fmt.Errorf("%w: MaxErrorBytes %d must be at least 64", dedup.ErrInvalidConfig, c.MaxErrorBytes)
+	case c.StatementTimeout < 100*time.Millisecond || c.StatementTimeout > time.Hour:
+		return fmt.Errorf("%w: StatementTimeout %s must be 100ms to 1h", dedup.ErrInvalidConfig, c.StatementTimeout)
 	case c.SucceededRetention < time.Minute:
 		return fmt.Errorf("%w: SucceededRetention %s must be at least 1m", dedup.ErrInvalidConfig, c.SucceededRetention)
 	case c.FailedFinalRetention < c.SucceededRetention:

@@ -38,6 +38,8 @@ func (s *Store) LaneWatermarksTable() string { return s.q.lanes }
 // offsets, and after a crash every offset whose handler may have started is
 // at or below the lane's watermark.
 func (s *Store) AdvanceLaneWatermark(ctx context.Context, scope, lane string, to int64) (int64, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	var prev int64
 	if err := s.pool.QueryRow(ctx, s.q.laneWatermarkAdvanceSQL, scope, lane, to).Scan(&prev); err != nil {
 		return 0, fmt.Errorf("idemq: lane watermark %s %s: %w", scope, lane, err)
@@ -53,6 +55,8 @@ func (s *Store) AdvanceLaneWatermark(ctx context.Context, scope, lane string, to
 // final, or a different fingerprint) done is false and the delivery goes
 // through Process, which decides conflicts. Errors are database errors.
 func (s *Store) CheckReplay(ctx context.Context, msg *dedup.Message) (dedup.Result, bool, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	if msg == nil || msg.Identity.Scope == "" || msg.Identity.MessageID == "" {
 		return dedup.Result{}, false, errors.New("idemq: CheckReplay: message identity not set (use NewIdentity)")
 	}
@@ -101,6 +105,8 @@ func (s *Store) CheckReplay(ctx context.Context, msg *dedup.Message) (dedup.Resu
 // a message is never the sole reason for a dead letter, so a delivery that
 // never ran cannot be dead-lettered by a marker.
 func (s *Store) MarkStart(ctx context.Context, msg *dedup.Message) (dedup.StartMark, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	if msg == nil || msg.Identity.Scope == "" || msg.Identity.MessageID == "" {
 		return dedup.StartMark{}, errors.New("idemq: MarkStart: message identity not set (use NewIdentity)")
 	}
@@ -127,7 +133,7 @@ func (s *Store) markStart(ctx context.Context, msg *dedup.Message, sum []byte, k
 	if err != nil {
 		return dedup.StartMark{}, false, fmt.Errorf("idemq: begin start marker: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer s.rollback(ctx, tx)
 	b := &pgx.Batch{}
 	b.Queue(s.q.startMarkInsertSQL, id.Scope, id.MessageID, id.BusinessKey, sum, keyID, clip(msg.Source, 1024), msg.ReconsumeTimes)
 	b.Queue(s.q.startMarkLockSQL, id.Scope, id.MessageID, id.BusinessKey)
@@ -201,6 +207,8 @@ func (s *Store) markStart(ctx context.Context, msg *dedup.Message, sum []byte, k
 // that run. It changes nothing when the run's attempt was recorded, or when
 // m marked nothing.
 func (s *Store) ClearStart(ctx context.Context, m dedup.StartMark) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	ref, ok := m.Token.(startRef)
 	if !ok || ref.rowID == 0 {
 		return nil
@@ -254,6 +262,8 @@ func (s *Store) exhaustLostExecution(ctx context.Context, tx pgx.Tx, l lostExecu
 // dead-lettered the record, and the answer is its dead letter (ok true), as
 // the first run answered; else ok is false and res stands.
 func (s *Store) ownExhaust(ctx context.Context, msg *dedup.Message, sum []byte, tokens []uuid.UUID, res dedup.Result) (dl dedup.Result, ok bool, err error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	id := msg.Identity
 	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var attempts int

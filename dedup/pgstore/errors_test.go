@@ -35,6 +35,8 @@ func TestConfigValidation(t *testing.T) {
 		{Fingerprinter: fp, MaxAttempts: -1},
 		{Fingerprinter: fp, SucceededRetention: time.Second},
 		{Fingerprinter: fp, SucceededRetention: time.Hour, FailedFinalRetention: time.Minute},
+		{Fingerprinter: fp, StatementTimeout: time.Millisecond},
+		{Fingerprinter: fp, StatementTimeout: 2 * time.Hour},
 	}
 	for i, c := range bad {
 		if err := c.withDefaults().validate(); !errors.Is(err, ErrInvalidConfig) {

@@ -214,7 +214,7 @@ func (h *HTTPStore) try(ctx context.Context, req HTTPRequest, hd HTTPHandler) (H
 	if err != nil {
 		return HTTPResult{}, fmt.Errorf("idemq: begin: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer s.rollback(ctx, tx)
 	held, unfinished, err := h.lockKey(ctx, tx, req)
 	if err != nil {
 		return HTTPResult{}, err
@@ -337,7 +337,7 @@ func (h *HTTPStore) try(ctx context.Context, req HTTPRequest, hd HTTPHandler) (H
 			}
 		}
 	}
-	_ = tx.Rollback(context.WithoutCancel(ctx))
+	s.rollback(ctx, tx)
 	return h.failInNewTx(ctx, req, attempts, herr)
 }
 
@@ -351,7 +351,7 @@ func (h *HTTPStore) failInNewTx(ctx context.Context, req HTTPRequest, attempts i
 	if err != nil {
 		return HTTPResult{Result: dedup.Result{HandlerCalled: true, Attempts: attempts}}, fmt.Errorf("idemq: begin mark failed: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer s.rollback(ctx, tx)
 	mres, err := s.markFailedIn(ctx, tx, failure{msg: msg, sum: req.Sum, keyID: req.KeyID, err: herr, finalReason: dedup.ReasonAttemptsExhausted})
 	if err != nil {
 		return HTTPResult{Result: dedup.Result{HandlerCalled: true, Attempts: attempts}}, err

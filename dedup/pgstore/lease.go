@@ -67,6 +67,8 @@ type leaseClaim struct {
 // claimLease commits a PROCESSING record owned by a fresh token, or decides
 // the delivery without running the handler (rowID 0).
 func (s *Store) claimLease(ctx context.Context, c leaseClaim) (dedup.Lease, int64, dedup.Result, error) {
+	ctx, cancel := s.bound(ctx) // no handler runs here
+	defer cancel()
 	msg, sum, ttl := c.msg, c.sum, c.ttl
 	lease := dedup.Lease{Identity: msg.Identity, Record: msg.Identity, OwnerToken: uuid.New(), Fence: 1, Attempt: 1}
 	// BEGIN travels with the claim (lazyTx): a new claim costs 2 round
@@ -75,7 +77,7 @@ func (s *Store) claimLease(ctx context.Context, c leaseClaim) (dedup.Lease, int6
 	if err != nil {
 		return lease, 0, dedup.Result{}, fmt.Errorf("idemq: begin lease claim: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer s.rollback(ctx, tx)
 	id := msg.Identity
 	var rowID *int64
 	var found foundRecord
@@ -145,11 +147,15 @@ type pgLease struct {
 }
 
 func (p *pgLease) Renew(ctx context.Context) (bool, error) {
+	ctx, cancel := p.s.bound(ctx)
+	defer cancel()
 	tag, err := p.s.pool.Exec(ctx, p.s.q.leaseBeatSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, p.ttl.Seconds())
 	return err == nil && tag.RowsAffected() > 0, err
 }
 
 func (p *pgLease) Succeed(ctx context.Context) (fenced bool, err error) {
+	ctx, cancel := p.s.bound(ctx) // detached by the caller (internal/lease) when it must land
+	defer cancel()
 	fenced, err = markRetry(ctx, p.s, "lease complete "+p.lease.Identity.String(), func() (bool, error) {
 		var marked, before bool
 		err := p.s.pool.QueryRow(ctx, p.s.q.leaseDoneSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence, *p.s.expiry(dedup.StatusSucceeded)).
@@ -161,6 +167,8 @@ func (p *pgLease) Succeed(ctx context.Context) (fenced bool, err error) {
 
 // Release returns ErrFenced when the record is not this owner's any more.
 func (p *pgLease) Release(ctx context.Context) error {
+	ctx, cancel := p.s.bound(ctx) // detached by the caller (internal/lease) when it must land
+	defer cancel()
 	fenced, err := markRetry(ctx, p.s, "lease release "+p.lease.Identity.String(), func() (bool, error) {
 		var marked, before bool
 		err := p.s.pool.QueryRow(ctx, p.s.q.leaseReleaseSQL, p.rowID, p.lease.OwnerToken, p.lease.Fence).Scan(&marked, &before)
@@ -175,6 +183,8 @@ func (p *pgLease) Release(ctx context.Context) error {
 // Fail writes the mark and, for a final failure, the dead letter in one
 // transaction.
 func (p *pgLease) Fail(ctx context.Context, status dedup.Status, reason string, herr error) (deadLetterID int64, fenced bool, err error) {
+	ctx, cancel := p.s.bound(ctx) // detached by the caller (internal/lease) when it must land
+	defer cancel()
 	type marked struct {
 		dlID   int64
 		fenced bool
@@ -186,7 +196,7 @@ func (p *pgLease) Fail(ctx context.Context, status dedup.Status, reason string, 
 		if err != nil {
 			return marked{}, err
 		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		defer p.s.rollback(ctx, tx)
 		if m.dlID, m.fenced, err = p.fail(ctx, tx, status, reason, herr); err != nil {
 			return marked{}, err
 		}

@@ -113,6 +113,8 @@ func (s *Store) claimLeaseRetrying(ctx context.Context, lc leaseClaim) (dedup.Le
 // A lease another copy took over in the meantime has another token and is
 // not found.
 func (s *Store) ownClaim(ctx context.Context, id dedup.Identity, tokens []uuid.UUID, ttl time.Duration) (dedup.Lease, int64, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	l := dedup.Lease{Identity: id, Record: dedup.Identity{Scope: id.Scope}}
 	var rowID int64
 	err := s.pool.QueryRow(ctx, s.q.leaseOwnClaimSQL, id.Scope, id.MessageID, id.BusinessKey, tokenStrings(tokens), ttl.Seconds()).

@@ -258,17 +258,22 @@ type pendingMark struct {
 // handler's own, a duplicate 2, a handler failure 2, and a retry of a
 // FAILED_RETRYABLE record 3 (the reclaim needs the claim's answer first).
 func (s *Store) claimAndRun(ctx context.Context, c claimRun) (res dedup.Result, herr error, err error) {
-	tx, err := beginLazy(ctx, s.pool, s.cfg.TxOptions)
+	bctx, cancel := s.bound(ctx) // the pool may dial
+	tx, err := beginLazy(bctx, s.pool, s.cfg.TxOptions)
+	cancel()
 	if err != nil {
 		return dedup.Result{}, nil, fmt.Errorf("idemq: begin: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer s.rollback(ctx, tx)
 	c.markAtCommit = true
 	res, pend, herr, err := s.claimAndRunMark(ctx, tx, c)
 	if err != nil || herr != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		s.rollback(ctx, tx)
 		return res, herr, err
 	}
+	// The handler has returned: what is left (marks, COMMIT) is idemq's.
+	ctx, cancel = s.bound(ctx)
+	defer cancel()
 	if pend.failed != nil {
 		return s.commitClaimedFailure(ctx, tx, c, pend)
 	}
@@ -288,7 +293,7 @@ func (s *Store) claimAndRun(ctx context.Context, c claimRun) (res dedup.Result, 
 		// transaction after its savepoint, as when the mark ran alone.
 		res, herr, err = s.handlerFailed(ctx, tx, c, pend, fmt.Errorf("idemq: mark succeeded: %w", cerr))
 		if err != nil || herr != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			s.rollback(ctx, tx)
 			return res, herr, err
 		}
 		cerr = tx.Commit(ctx)
@@ -339,14 +344,18 @@ func (s *Store) claimAndRunIn(ctx context.Context, tx pgx.Tx, c claimRun) (res d
 func (s *Store) claimAndRunMark(ctx context.Context, tx pgx.Tx, c claimRun) (res dedup.Result, pend pendingMark, herr error, err error) {
 	msg, sum := c.msg, c.sum
 	id := msg.Identity
-	rowID, rec, err := s.claim(ctx, tx, c)
+	// The claim (with BEGIN), the decision and the reclaim are idemq's own
+	// steps: bounded by StatementTimeout; the handler gets ctx.
+	cctx, cancel := s.bound(ctx)
+	defer cancel()
+	rowID, rec, err := s.claim(cctx, tx, c)
 	attempts := 1
 	if err != nil {
 		return dedup.Result{}, pend, nil, err
 	}
 	if rec != nil {
 		// Someone else's record (or our own earlier one) decides.
-		res, run, err := s.decide(ctx, tx, msg, sum, rec)
+		res, run, err := s.decide(cctx, tx, msg, sum, rec)
 		if err != nil || !run {
 			return res, pend, nil, err
 		}
@@ -355,10 +364,11 @@ func (s *Store) claimAndRunMark(ctx context.Context, tx pgx.Tx, c claimRun) (res
 		// replaced (released, then set again) in the reclaim's round trip,
 		// so that the handler's rollback keeps the reclaim and savepoints
 		// never nest.
-		if attempts, err = s.q.reclaimReset(ctx, tx, rec.id, msg); err != nil {
+		if attempts, err = s.q.reclaimReset(cctx, tx, rec.id, msg); err != nil {
 			return dedup.Result{}, pend, nil, err
 		}
 	}
+	cancel()
 
 	// The handler runs after a savepoint (set with the claim): when it fails,
 	// its writes roll back alone and the failure is marked in this same
@@ -374,7 +384,9 @@ func (s *Store) claimAndRunMark(ctx context.Context, tx pgx.Tx, c claimRun) (res
 		return processed, pendingMark{rowID: rowID, attempts: attempts}, nil, nil
 	}
 	if herr == nil {
-		err := s.q.markSucceeded(ctx, tx, id, rowID, *s.expiry(dedup.StatusSucceeded))
+		mctx, cancel := s.bound(ctx)
+		err := s.q.markSucceeded(mctx, tx, id, rowID, *s.expiry(dedup.StatusSucceeded))
+		cancel()
 		if err == nil {
 			return processed, pend, nil, nil
 		}
@@ -417,6 +429,8 @@ func (s *Store) handlerFailed(ctx context.Context, tx pgx.Tx, c claimRun, at pen
 		// retries it whole, counting nothing.
 		return called, herr, nil
 	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	if _, err := tx.Exec(ctx, s.q.handlerRollbackSQL); err != nil {
 		return called, herr, nil // transaction unusable: the caller marks in a new one
 	}
@@ -568,7 +582,8 @@ type failure struct {
 // transaction after the handler's transaction rolled back.
 func (s *Store) markFailed(ctx context.Context, f failure) (dedup.Result, error) {
 	msg := f.msg
-	ctx = context.WithoutCancel(ctx) // the mark must land even during shutdown
+	ctx, cancel := s.detach(ctx) // the mark must land even during shutdown, within StatementTimeout
+	defer cancel()
 	// A deadlock or serialization failure of the mark is retried at once;
 	// the mark counts its attempt only when it commits.
 	return retryWhile(ctx, s.cfg.TransientRetry, s.cfg.Logger, "mark failed "+msg.Identity.String(), dedup.IsTransient, func() (dedup.Result, error) {

@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/broker/kafkaadapter"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/httpidem"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/kafkapub"
@@ -44,6 +45,13 @@ type partFault struct {
 	recover time.Duration
 	hung    bool
 	stuck   string // the components that did nothing within the bound
+	// began and ended delimit the fault; cut and longest are the statements
+	// begun within it that failed before it ended (the black hole: cut by
+	// the statement timeout or the handler's deadline) and the longest of
+	// them.
+	began, ended time.Time
+	cut          int
+	longest      time.Duration
 }
 
 func runPartition(ctx context.Context, args []string) error {
@@ -52,6 +60,7 @@ func runPartition(ctx context.Context, args []string) error {
 	minRequests := fs.Int("requests", 200, "HTTP requests at least, each retried with its key until it is answered; more are sent while faults remain")
 	window := fs.Duration("window", 3*time.Second, "how long each fault lasts")
 	bound := fs.Duration("bound", 90*time.Second, "work must flow again within this long after a fault ends, or the drill reports a hang")
+	stmtTimeout := fs.Duration("statement-timeout", time.Second, "pgstore.Config.StatementTimeout and outbox.RelayConfig.StatementTimeout, and the consumer's MaxHandlerDuration: a statement on a black-holed connection must fail within it (keep it below -window)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -81,6 +90,8 @@ func runPartition(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.MaxConns = 10
+	waits := &waitTracer{}
+	cfg.ConnConfig.Tracer = waits
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -98,7 +109,13 @@ func runPartition(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fp, store, ob := setup.fp, setup.store, setup.ob
+	fp, ob := setup.fp, setup.ob
+	storeCfg := setup.store.Config()
+	storeCfg.StatementTimeout = *stmtTimeout
+	store, err := pgstore.New(pool, storeCfg)
+	if err != nil {
+		return err
+	}
 	if _, err := direct.Exec(ctx, `create table `+s+`.effects (n bigint generated always as identity primary key, source text not null, id text not null)`); err != nil {
 		return err
 	}
@@ -119,7 +136,7 @@ func runPartition(ctx context.Context, args []string) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
 	cons, err := consumer.New(consumer.Config{Scope: "part", Store: store, Logger: logger,
-		RetryInitial: 50 * time.Millisecond, RetryMax: time.Second,
+		RetryInitial: 50 * time.Millisecond, RetryMax: time.Second, MaxHandlerDuration: *stmtTimeout,
 		Handler: func(ctx context.Context, tx pgx.Tx, msg *dedup.Message) error {
 			if _, err := tx.Exec(ctx, `insert into `+s+`.effects (source, id) values ('kafka', $1)`, msg.Identity.MessageID); err != nil {
 				return err
@@ -148,7 +165,7 @@ func runPartition(ctx context.Context, args []string) error {
 	}
 	defer func() { _ = pub.Close() }()
 	relay, err := outbox.NewRelay(ob, pub, outbox.RelayConfig{Name: "drill-relay", PollInterval: 200 * time.Millisecond,
-		RetryInitial: 100 * time.Millisecond, RetryMax: time.Second, Logger: logger})
+		RetryInitial: 100 * time.Millisecond, RetryMax: time.Second, StatementTimeout: *stmtTimeout, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -273,6 +290,7 @@ func runPartition(ctx context.Context, args []string) error {
 				return err
 			}
 		}
+		began := time.Now()
 		for _, t := range f.toxics {
 			if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(t)); err != nil {
 				return fmt.Errorf("%s: %w", f.name, err)
@@ -283,6 +301,7 @@ func runPartition(ctx context.Context, args []string) error {
 		}
 		proxy.Toxics.ResetToxics(ctx)
 		ended := time.Now()
+		f.began, f.ended = began, ended
 		p1 := progress()
 		// Each component must do something again; the last one to do so
 		// is the recovery time.
@@ -362,12 +381,24 @@ func runPartition(ctx context.Context, args []string) error {
 		"with their key) reach Postgres through toxiproxy; each fault lasts %s; recovery = the first new effect or publish after it ends", messages, requests, *window),
 		columns: []string{"value"}}
 	hung := 0
-	for _, f := range faults {
+	var undetected []string
+	for i := range faults {
+		f := &faults[i]
 		v := f.recover.Round(time.Millisecond).String()
 		if f.hung {
 			v, hung = f.stuck+" HUNG > "+bound.String(), hung+1
 		}
 		t.row("recovery after "+f.name, v)
+		f.cut, f.longest = waits.failedWithin(f.began, f.ended)
+	}
+	// The black hole (the third fault): statements sent into it hang until
+	// something cuts them; idemq's bounds must, within the timeout (plus a
+	// second for a busy machine to run the timer and pgx to close).
+	hole := faults[2]
+	t.row(fmt.Sprintf("black hole: statements cut / longest wait (StatementTimeout, MaxHandlerDuration %s)", *stmtTimeout),
+		fmt.Sprintf("%d / %s", hole.cut, hole.longest.Round(time.Millisecond)))
+	if hole.cut == 0 || hole.longest > *stmtTimeout+time.Second {
+		undetected = append(undetected, fmt.Sprintf("%d statements cut, the longest after %s (bound %s)", hole.cut, hole.longest.Round(time.Millisecond), *stmtTimeout))
 	}
 	t.row("consumer: effect rows / distinct / messages", fmt.Sprintf("%d / %d / %d", kRows, kDistinct, messages))
 	t.row("HTTP: effect rows / distinct / requests (attempts)", fmt.Sprintf("%d / %d / %d (%d)", hRows, hDistinct, requests, httpAttempts.Load()))
@@ -381,5 +412,74 @@ func runPartition(ctx context.Context, args []string) error {
 	if hung > 0 || dups > 0 || lost > 0 || rc.orderFaults > 0 || rc.phantoms > 0 {
 		return fmt.Errorf("%d faults hung, %d duplicate effects, %d lost, %d order faults, %d published without a row", hung, dups, lost, rc.orderFaults, rc.phantoms)
 	}
+	if len(undetected) > 0 {
+		return fmt.Errorf("the black-holed connections were not detected within the statement timeout: %s", strings.Join(undetected, "; "))
+	}
 	return nil
+}
+
+// waitTracer records, for every statement and batch of the proxied pool
+// that failed, when it began and how long it waited.
+type waitTracer struct {
+	mu     sync.Mutex
+	failed []struct {
+		began time.Time
+		took  time.Duration
+	}
+}
+
+type waitStart struct{}
+
+func (w *waitTracer) start(ctx context.Context) context.Context {
+	return context.WithValue(ctx, waitStart{}, time.Now())
+}
+
+func (w *waitTracer) end(ctx context.Context, err error) {
+	began, ok := ctx.Value(waitStart{}).(time.Time)
+	if !ok || err == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.failed = append(w.failed, struct {
+		began time.Time
+		took  time.Duration
+	}{began, time.Since(began)})
+}
+
+// failedWithin returns how many failed statements began in [from, to) and
+// ended by to, and the longest wait among them.
+func (w *waitTracer) failedWithin(from, to time.Time) (n int, longest time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, f := range w.failed {
+		if !f.began.Before(from) && f.began.Before(to) && !f.began.Add(f.took).After(to) {
+			n++
+			longest = max(longest, f.took)
+		}
+	}
+	return n, longest
+}
+
+// TraceQueryStart implements pgx.QueryTracer.
+func (w *waitTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return w.start(ctx)
+}
+
+// TraceQueryEnd implements pgx.QueryTracer.
+func (w *waitTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	w.end(ctx, d.Err)
+}
+
+// TraceBatchStart implements pgx.BatchTracer.
+func (w *waitTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return w.start(ctx)
+}
+
+// TraceBatchQuery implements pgx.BatchTracer.
+func (w *waitTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+// TraceBatchEnd implements pgx.BatchTracer.
+func (w *waitTracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchEndData) {
+	w.end(ctx, d.Err)
 }
