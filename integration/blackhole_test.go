@@ -86,8 +86,8 @@ func (b *blackHole) returns(t testing.TB, what string, step func() error) error 
 	case err = <-done:
 	case <-time.After(2 * time.Minute):
 		b.proxy.Stop()
-		<-done
-		t.Fatalf("%s still waited on the black-holed connection 2 minutes later: nothing bounds it", what)
+		err = <-done
+		t.Fatalf("%s still waited on the black-holed connection 2 minutes later: nothing bounds it (after the proxy stopped: %v)", what, err)
 	}
 	b.close()
 	if err == nil {
@@ -194,7 +194,9 @@ func TestBlackHoledPostgresIsDetected(t *testing.T) {
 		t.Fatal(err)
 	}
 	warm()
-	bh.returns(t, "relay RunOnce", func() error { _, err := r.RunOnce(ctx); return err })
+	if err := bh.returns(t, "relay RunOnce", func() error { _, err := r.RunOnce(ctx); return err }); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("relay RunOnce through the black hole: %v, want an error wrapping context.DeadlineExceeded", err)
+	}
 	if n := published.Load(); n != 0 {
 		t.Errorf("relay published %d rows although its claim was lost in the hole", n)
 	}
