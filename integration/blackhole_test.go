@@ -163,23 +163,7 @@ func TestBlackHoledPostgresIsDetected(t *testing.T) {
 	}
 
 	// The relay's claim.
-	ob, err := outbox.New(e.pool, outbox.Config{Schema: e.schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := e.pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ob.Add(e.ctx, tx, outbox.Message{Topic: "t", Key: []byte("k"), Payload: []byte("x")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(e.ctx); err != nil {
-		t.Fatal(err)
-	}
+	ob := e.outboxWith(outbox.Message{Topic: "t", Key: []byte("k"), Payload: []byte("x")})
 	viaHole, err := outbox.New(bh.pool, ob.Config())
 	if err != nil {
 		t.Fatal(err)

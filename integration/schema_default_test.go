@@ -109,23 +109,7 @@ func TestSchemaCheckedByDefault(t *testing.T) {
 	if err := relayRun(never); !errors.Is(err, outbox.ErrSchemaMissing) {
 		t.Fatalf("Relay.Run on a missing outbox schema = %v; want ErrSchemaMissing", err)
 	}
-	ob, err := outbox.New(e.pool, outbox.Config{Schema: e.schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := e.pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ob.Add(e.ctx, tx, outbox.Message{Topic: "t", Payload: []byte("x")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(e.ctx); err != nil {
-		t.Fatal(err)
-	}
+	ob := e.outboxWith(outbox.Message{Topic: "t", Payload: []byte("x")})
 	e.exec("update " + e.table("outbox_schema_version") + " set version = 1")
 	if err := relayRun(ob); !errors.Is(err, outbox.ErrSchemaOutdated) {
 		t.Fatalf("Relay.Run on an outdated outbox schema = %v; want ErrSchemaOutdated", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/pgstore"
 	"github.com/idemq/idemq/internal/versions"
+	"github.com/idemq/idemq/outbox"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/moby/moby/api/types/container"
@@ -511,6 +512,30 @@ func (e *env) record(scope, messageID string) dedup.Record {
 		e.t.Fatalf("record %s/%s: %v", scope, messageID, err)
 	}
 	return r
+}
+
+// outboxWith migrates an outbox in the env's schema and commits msg to it.
+func (e *env) outboxWith(msg outbox.Message) *outbox.Outbox {
+	e.t.Helper()
+	ob, err := outbox.New(e.pool, outbox.Config{Schema: e.schema})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := ob.Migrate(e.ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	tx, err := e.pool.Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	if _, err := ob.Add(e.ctx, tx, msg); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := tx.Commit(e.ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	return ob
 }
 
 func (e *env) deadLetters(scope string) []dedup.DeadLetter {
