@@ -314,7 +314,7 @@ func runPartition(ctx context.Context, args []string) error {
 			go func() {
 				defer close(probeDone)
 				t0 := time.Now()
-				_, f.probeErr = store.Process(context.Background(), probeMsg, func(context.Context, pgx.Tx, *dedup.Message) error { return nil })
+				_, f.probeErr = store.Process(context.WithoutCancel(ctx), probeMsg, func(context.Context, pgx.Tx, *dedup.Message) error { return nil })
 				f.probeTook = time.Since(t0)
 			}()
 		}
