@@ -199,18 +199,23 @@ func TestS30RocketMQQueuesAddedWhileConsuming(t *testing.T) {
 	topic := rmqTopic(t, "it-growth-", pullGroup, pushGroup)
 	pulled, pushed := newApplier(tbl), newApplier(tbl)
 
-	// The Source as the README builds it.
-	src, err := rocketmqadapter.NewSource(rocketmqadapter.SourceConfig{NameServers: ns, Group: pullGroup, Topic: topic})
+	// Both consumers as the README builds them, but starting from the first
+	// offset: a new group under the client's default (CONSUME_FROM_LAST_OFFSET)
+	// whose first rebalance comes after shipment-q0 is stored starts behind
+	// it. Busy runs saw that happen to the Source once and to the push
+	// consumer once; it is the client's rule for new groups, not the added
+	// queues this test is about.
+	fromFirst := []rmqconsumer.Option{rmqconsumer.WithConsumeFromWhere(rmqconsumer.ConsumeFromFirstOffset)}
+	src, err := rocketmqadapter.NewSource(rocketmqadapter.SourceConfig{NameServers: ns, Group: pullGroup, Topic: topic, ClientOptions: fromFirst})
 	if err != nil {
 		t.Fatal(err)
 	}
 	run := startConsumer(t, consumer.Config{Scope: pullGroup, Store: e.store, Handler: pulled.handler()}, src)
-	// The push consumer as the README builds it.
 	c, err := consumer.New(consumer.Config{Scope: pushGroup, Store: e.store, Handler: pushed.handler()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc, err := rocketmqadapter.NewPushConsumer(c, rocketmqadapter.Config{NameServers: ns, Group: pushGroup, Topic: topic})
+	pc, err := rocketmqadapter.NewPushConsumer(c, rocketmqadapter.Config{NameServers: ns, Group: pushGroup, Topic: topic, ClientOptions: fromFirst})
 	if err != nil {
 		t.Fatal(err)
 	}
